@@ -1,0 +1,152 @@
+"""The agent's main loop (asyncio, one per node): scan beacons, stream reports, serve stacks.
+
+The scan runs whether or not a coordinator is reachable, so exits are timed where they happen;
+the stream reconnects with backoff and resends full state each interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from agent import _stacks
+from agent._logtail import read_tail, relevant_lines
+from agent._workers import Worker, WorkerTable, rank_state
+from watchdog._errors import WatchdogError
+from watchdog._model import NodeReport, RankStack, StackReply, StackRequest
+from watchdog._rpc import AgentMessage, CoordinatorClient
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 64
+MAX_BACKOFF_S = 10.0
+
+
+class Agent:
+    def __init__(self, coordinator: str, beacon_dir: str, node: str, interval: float = 1.0,
+                 scan_unhooked: bool = True) -> None:
+        self.coordinator = coordinator
+        self.node = node
+        self.interval = interval
+        self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
+        self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
+
+    def scan(self) -> NodeReport:
+        """Refresh the worker table and return the node report for it."""
+        now = time.time()
+        self.table.refresh(now)
+        return NodeReport(self.node, now, tuple(rank_state(w, now) for w in self.table.workers()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scan and report until `stop` is set; no error ends this loop."""
+        scanner = asyncio.create_task(self._scan_loop(stop))
+        backoff = 0.5
+        try:
+            while not stop.is_set():
+                try:
+                    if await _until(stop, self._session(stop)):
+                        backoff = 0.5
+                except (grpc.aio.AioRpcError, WatchdogError, OSError) as e:
+                    log.warning("coordinator %s: %s; retrying in %.1fs", self.coordinator,
+                                _describe(e), backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        finally:
+            scanner.cancel()
+
+    async def _scan_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self._offer(self.scan())
+            except Exception:  # a loop that must not die: log and go on
+                log.exception("scan failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+
+    def _offer(self, message: AgentMessage) -> None:
+        """Queue without blocking; a full queue sheds its oldest entry (reports are full state)."""
+        if self._outbox.full():
+            self._outbox.get_nowait()
+        self._outbox.put_nowait(message)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        client = CoordinatorClient(self.coordinator)
+        served: set[asyncio.Task[None]] = set()
+        try:
+            async for request in client.connect(self._outgoing(stop)):
+                task = asyncio.create_task(self._serve(request))
+                served.add(task)
+                task.add_done_callback(served.discard)
+        finally:
+            for task in served:
+                task.cancel()
+            await client.close()
+
+    async def _outgoing(self, stop: asyncio.Event) -> AsyncIterator[AgentMessage]:
+        while not stop.is_set():
+            yield await self._outbox.get()
+
+    async def _serve(self, request: StackRequest) -> None:
+        try:
+            stacks = await self.collect_stacks(request.job_id, request.ranks)
+            self._offer(StackReply(request.request_id, self.node, tuple(stacks)))
+        except Exception:
+            log.exception("stack request %d failed", request.request_id)
+
+    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...]) -> list[RankStack]:
+        """Stacks of the local ranks asked for; only verified, live workers are attached to."""
+        targets: list[Worker] = []
+        refused: list[RankStack] = []
+        for rank in ranks:
+            worker = self.table.find(job_id, rank)
+            if worker is None:
+                continue
+            if worker.verified and worker.alive:
+                targets.append(worker)
+            else:
+                reason = "it has exited" if not worker.alive else "it is not a verified worker"
+                refused.append(RankStack(rank, worker.pid, error=f"not attaching: {reason}"))
+        stacks = await _stacks.dump_stacks([(w.rank, w.pid) for w in targets])
+        with_logs = [replace(stack, nccl_log=_nccl_log(worker))
+                     for stack, worker in zip(stacks, targets, strict=True)]
+        return [*with_logs, *refused]
+
+
+def _nccl_log(worker: Worker) -> tuple[str, ...]:
+    """The WARN lines of the worker's NCCL debug file and the INFO lines just before them."""
+    if not worker.nccl_debug_file:
+        return ()
+    try:
+        return tuple(relevant_lines(read_tail(worker.nccl_debug_file)))
+    except OSError as e:
+        log.warning("cannot read %s: %s", worker.nccl_debug_file, e)
+        return ()
+
+
+async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work` until it ends (True) or `stop` is set (False: `work` is cancelled)."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # re-raise what ended the session
+    return True
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return e.details() or e.code().name
+    return str(e)

@@ -1,0 +1,83 @@
+"""Reads /proc for the agent: process state, start time, environment (Linux only)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# "T" (job control) only: "t" is a ptrace stop, e.g. a py-spy dump in progress.
+_STOPPED_STATES = frozenset("T")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str  # one letter: R S D T t Z X I
+    ppid: int
+    start_ticks: int  # since boot; with the pid it names one process, even after pid reuse
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in _STOPPED_STATES
+
+    @property
+    def gone(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
+    """The process's stat line, or None when it no longer exists."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm may hold spaces and parentheses: the fields after it start at the last ')'.
+    fields = raw[raw.rindex(")") + 2:].split()
+    return ProcStat(pid=pid, state=fields[0], ppid=int(fields[1]), start_ticks=int(fields[19]))
+
+
+def read_environ(pid: int, proc: str = "/proc") -> dict[str, str] | None:
+    """The process's initial environment, or None when it is gone or not ours to read."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def read_cmdline(pid: int, proc: str = "/proc") -> list[str]:
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def list_pids(proc: str = "/proc") -> list[int]:
+    return [int(name) for name in os.listdir(proc) if name.isdigit()]
+
+
+def is_torchrun(cmdline: list[str]) -> bool:
+    """torchrun's launcher, however it was started (console script or `-m`)."""
+    return any(os.path.basename(a) == "torchrun" or a == "torch.distributed.run"
+               for a in cmdline[:3])
+
+
+def boot_time(proc: str = "/proc") -> float:
+    with open(f"{proc}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def start_time(stat: ProcStat, boot: float) -> float:
+    """Unix time at which the process started."""
+    return boot + stat.start_ticks / os.sysconf("SC_CLK_TCK")

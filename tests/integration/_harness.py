@@ -1,0 +1,30 @@
+"""Shared by the integration tests: real torchrun jobs under the real `watchdog` CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+JOB_TIMEOUT_S = 240
+
+
+@dataclass
+class WatchedRun:
+    returncode: int
+    output: str
+    incident: dict[str, Any] | None
+
+    def rank(self, rank: int) -> dict[str, Any]:
+        assert self.incident is not None
+        return next(r for r in self.incident["ranks"] if r["rank"] == rank)
+
+    def stack_functions(self, rank: int) -> list[str]:
+        return [frame["function"] for frame in self.rank(rank)["stack"]]
+
+
+def job_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "WATCHDOG_BEACON_DIR": str(tmp_path / "beacons"),
+            "WATCHDOG_DB": str(tmp_path / "incidents.db"), "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,27 @@
+"""The incident carries the culprit's NCCL WARN line, classified, from its NCCL_DEBUG_FILE."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def test_incident_carries_the_culprits_nccl_warn_line(watch: Any, tmp_path: Path,
+                                                       monkeypatch: Any) -> None:
+    nccl_dir = tmp_path / "nccl"
+    nccl_dir.mkdir()
+    monkeypatch.setenv("NCCL_DEBUG_FILE", f"{nccl_dir}/nccl.%h.%p.log")
+    run = watch("--fault", "nccl_peer_closed", "--fault-rank", "2", "--fault-step", "3")
+    assert run.incident is not None, run.output
+    assert run.incident["culprit_ranks"] == [2]
+    culprit = run.rank(2)
+    warn = [line for line in culprit["nccl_log"] if "NCCL WARN" in line]
+    assert len(warn) == 1 and "Connection closed by remote peer" in warn[0]
+    assert warn[0].startswith(f"{os.uname().nodename.split('.')[0]}:{culprit['pid']}:")
+    (finding,) = culprit["nccl_findings"]
+    assert finding["category"] == "PEER_EXITED"
+    assert finding["text"] == warn[0]
+    # The other ranks logged only INFO lines: nothing relevant to show for them.
+    assert all(run.rank(r)["nccl_log"] == [] for r in (0, 1, 3))
+    assert len(list(nccl_dir.iterdir())) == 4

@@ -1,0 +1,80 @@
+"""`watchdog run` on real 4-rank gloo jobs, each with one injected fault (real py-spy, gRPC)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_HANG_KILLED = 3
+
+
+def assert_collective(run: Any, group: str, op: str, members: list[int]) -> None:
+    assert run.incident is not None
+    collective = run.incident["collective"]
+    assert collective["group"] == group
+    assert collective["op"] == op
+    assert collective["ranks"] == members
+    assert collective["seq"] > 0
+
+
+def test_rank_blocked_in_data_pipeline(watch) -> None:
+    run = watch("--fault", "data_stall", "--fault-rank", "1", "--fault-step", "4")
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [1]
+    assert run.incident["waiting_ranks"] == [0, 2, 3]
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+    assert "read_sample_from_storage" in run.stack_functions(1)
+    assert "read_sample_from_storage" not in run.stack_functions(0)
+
+
+def test_rank0_deadlocked_on_a_lock(watch) -> None:
+    run = watch("--fault", "lock", "--fault-rank", "0", "--fault-step", "3")
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [0]
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+    assert run.stack_functions(0)[0] == "update_metrics"
+
+
+def test_barrier_only_one_rank_reaches(watch) -> None:
+    run = watch("--fault", "barrier", "--fault-rank", "0", "--fault-step", "3")
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "COLLECTIVE_MISMATCH"
+    assert run.incident["culprit_ranks"] == [0]
+    # The collective is the one the culprit never reached; the summary names both sides.
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+    assert " is in barrier #" in run.incident["summary"]
+    assert "save_checkpoint" in run.stack_functions(0)
+
+
+def test_rank_leaves_early_with_exit_code_0(watch) -> None:
+    run = watch("--fault", "early_exit", "--fault-rank", "3", "--fault-step", "3")
+    assert run.returncode != 0, run.output  # the peers crash when their connection drops
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "RANK_EXITED"
+    assert run.incident["culprit_ranks"] == [3]
+    assert run.rank(3)["exit_code"] == 0
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+
+
+def test_subgroup_collective_one_member_never_reaches(watch) -> None:
+    run = watch("--fault", "subgroup", "--fault-step", "3")
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [1]
+    assert_collective(run, "1", "all_reduce", [0, 1])
+    assert "load_shard" in run.stack_functions(1)
+
+
+def test_healthy_job_with_slow_steps_has_no_incident(watch) -> None:
+    # A floor below the 1.5 s slow step: once the warm-up has seen 8 progress intervals, only
+    # the adaptive threshold (k x p99 interval) keeps the next slow steps from a false alarm.
+    run = watch("--fault", "slow_steps", "--steps", "14", watchdog_args=(
+        "--stall-floor", "1.0", "--stall-k", "3", "--stall-warmup", "30", "--on-hang", "kill"))
+    assert run.returncode == 0, run.output
+    assert run.incident is None, run.output
+    assert "finished 14 steps" in run.output

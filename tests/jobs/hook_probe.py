@@ -1,0 +1,103 @@
+"""A 2-rank CPU job that exercises everything the hook records; tests/unit/test_hook.py runs it
+under torchrun with the hook auto-installed and checks the beacons it leaves.
+
+Each rank writes what it saw from the inside to $PROBE_OUT/rank<N>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+import watchdog
+from watchdog._beacon import beacon_path, open_beacon, read_beacon
+from watchdog._env import beacon_dir, job_id
+
+STEPS = 3
+
+
+class Rows(Dataset[torch.Tensor]):
+    """Its workers are forked from the rank: what they record must never reach its beacon.
+    A row is 1.0 where the rank's beacon showed the phase only a worker declares."""
+
+    def __len__(self) -> int:
+        return 2 * STEPS
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        watchdog.step()
+        with watchdog.phase("in-a-worker"):
+            written = phase_of(os.getppid()) == "in-a-worker"
+        return torch.full((4,), float(written))
+
+
+def phase_of(pid: int) -> str:
+    path = beacon_path(beacon_dir(), job_id(), int(os.environ["RANK"]), pid)
+    return read_beacon(open_beacon(path)).phase
+
+
+def own_phase() -> str:
+    return phase_of(os.getpid())
+
+
+def error_of(call: Any, *args: Any) -> list[str]:
+    try:
+        call(*args)
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+    return []
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Rows(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    worker_writes = 0
+    for batch in loader:
+        worker_writes += int(batch.sum().item())
+        optimizer.zero_grad()
+        model(batch).sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        model(torch.zeros(1, 4))  # no gradient all-reduce follows: not a collective
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    objects: list[Any] = [{"from": 0}]
+    dist.broadcast_object_list(objects, src=0)
+    solo = dist.new_group([0])
+    if rank == 0:
+        dist.all_reduce(tensor, group=solo)
+        dist.send(tensor, dst=1)
+    else:
+        dist.recv(tensor)  # from any source
+    errors = {
+        "hooked": error_of(dist.all_reduce, "not a tensor"),
+        "unhooked": error_of(dist.all_reduce.__wrapped__, "not a tensor"),
+    }
+    dist.all_reduce(tensor, async_op=True).wait()
+    with watchdog.phase("checkpoint", timeout=60):
+        outer = own_phase()
+        with watchdog.phase("upload"):
+            inner = own_phase()
+        restored = own_phase()
+        dist.barrier()
+    child = subprocess.run([sys.executable, "-c", "import watchdog; print(watchdog.install())"],
+                           capture_output=True, text=True, check=True)
+    with open(os.path.join(os.environ["PROBE_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump({"phases": [outer, inner, restored, own_phase()], "errors": errors,
+                   "child_install": child.stdout.strip(),
+                   "worker_writes": worker_writes}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

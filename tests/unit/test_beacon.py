@@ -1,0 +1,201 @@
+"""The beacon: what the writer puts in is what a reader gets out, whole, or a BeaconError."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from watchdog._beacon import (
+    ALL_WORLD,
+    EXIT_EXCEPTION,
+    GROUP_SLOT_SIZE,
+    MAGIC,
+    MAX_GROUPS,
+    MAX_LISTED_RANKS,
+    OFF_GROUPS,
+    OFF_N_GROUPS,
+    SIZE,
+    VERSION,
+    BeaconGroup,
+    BeaconWriter,
+    Identity,
+    beacon_path,
+    open_beacon,
+    read_beacon,
+)
+from watchdog._errors import BeaconError
+
+IDENTITY = Identity("job-7@node-a:29500", 3, 1, 4, "node-b", 4242, 1764680000.5)
+
+
+def make_writer(tmp_path: Path, identity: Identity = IDENTITY) -> BeaconWriter:
+    return BeaconWriter(str(tmp_path / "b.beacon"), identity)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    world = writer.group_slot("0", (0, 1, 2, 3), 4)
+    sub = writer.group_slot("1", (3, 1), 4)
+    assert writer.group_slot("0", (0, 1, 2, 3), 4) == world
+    seq = writer.enter(world, b"all_reduce", 10.0)
+    writer.complete(world, seq)
+    writer.enter(world, b"barrier", 11.0)
+    writer.enter(sub, b"broadcast", 12.0)
+    writer.step(6, 13.0)
+    writer.set_phase("checkpoint", 14.0, 600.0)
+    writer.heartbeat(15.0)
+    writer.mark_exit(EXIT_EXCEPTION, 1, 16.0)
+
+    snap = read_beacon(open_beacon(writer.path))
+
+    assert snap.identity == IDENTITY
+    assert (snap.steps, snap.step_at, snap.heartbeat) == (6, 13.0, 15.0)
+    assert (snap.phase, snap.phase_started, snap.phase_timeout) == ("checkpoint", 14.0, 600.0)
+    assert (snap.exit_state, snap.exit_code, snap.exited_at) == (EXIT_EXCEPTION, 1, 16.0)
+    assert snap.groups == (
+        BeaconGroup("0", (0, 1, 2, 3), "barrier", 2, 11.0, 1),
+        BeaconGroup("1", (3, 1), "broadcast", 1, 12.0, 0),
+    )
+    assert snap.events == 6 + 2 + 1 + 1
+    assert snap.last_event_at == 13.0
+
+
+def test_world_group_is_stored_compactly_at_any_size(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path, Identity("j", 0, 0, 1000, "h", 1, 0.0))
+    writer.group_slot("0", tuple(range(1000)), 1000)
+    writer.group_slot("1", tuple(range(300)), 1000)
+    groups = read_beacon(open_beacon(writer.path)).groups
+    assert groups[0].ranks == tuple(range(1000))
+    assert groups[1].ranks == tuple(range(MAX_LISTED_RANKS))  # the rest does not fit
+
+
+def test_slots_run_out_without_error(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    slots = [writer.group_slot(str(i), (0, 1), 4) for i in range(MAX_GROUPS + 2)]
+    assert slots == [*range(MAX_GROUPS), -1, -1]
+    assert len(read_beacon(open_beacon(writer.path)).groups) == MAX_GROUPS
+
+
+def test_beacon_path_keeps_job_ids_file_safe() -> None:
+    path = beacon_path("/d", "run/1@host:29500", 2, 99)
+    assert path == "/d/run_1_host_29500.rank2.pid99.beacon"
+
+
+def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    mapping = open_beacon(writer.path)
+    writer.step(1, 1.0)
+    writer.close()
+    assert read_beacon(mapping).steps == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b"XXXXXXXX" + b[8:], "bad magic"),
+        (lambda b: b[:8] + struct.pack("<I", VERSION + 1) + b[12:], "version 2"),
+        (lambda b: b[:12] + struct.pack("<I", SIZE + 8) + b[16:], "size"),
+        (lambda b: b[: SIZE - 1], "bytes, expected"),
+        (lambda b: b[:16] + struct.pack("<Q", 7) + b[24:], "kept changing"),
+        (lambda b: _with_n_groups(b, MAX_GROUPS + 1), "process groups"),
+    ],
+)
+def test_damaged_beacons_raise_beacon_error(tmp_path: Path, damage: Callable[[bytes], bytes],
+                                            message: str) -> None:
+    writer = make_writer(tmp_path)
+    writer.group_slot("0", (0, 1), 4)
+    good = bytes(open_beacon(writer.path))
+    with pytest.raises(BeaconError, match=message):
+        read_beacon(damage(good), attempts=3)
+
+
+def test_unreadable_beacon_file_raises_beacon_error(tmp_path: Path) -> None:
+    (tmp_path / "empty.beacon").write_bytes(b"")
+    with pytest.raises(BeaconError, match="cannot map"):
+        open_beacon(str(tmp_path / "empty.beacon"))
+    with pytest.raises(BeaconError, match="cannot map"):
+        open_beacon(str(tmp_path / "missing.beacon"))
+
+
+def _with_n_groups(data: bytes, n_groups: int) -> bytes:
+    return data[:OFF_N_GROUPS] + struct.pack("<I", n_groups) + data[OFF_N_GROUPS + 4:]
+
+
+def _write_forever(writer: BeaconWriter, slot: int) -> None:
+    """Each round leaves values a reader can cross-check: op and time name the seq they go with,
+    steps trail the completed seq. A torn read mixes rounds and breaks one of these."""
+    seq = 0
+    while True:
+        seq = writer.enter(slot, f"op{seq + 1}".encode(), float(seq + 1))
+        writer.complete(slot, seq)
+        writer.step(seq, float(seq))
+
+
+def test_concurrent_reader_never_sees_a_torn_record(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    slot = writer.group_slot("0", (0, 1, 2, 3), 4)
+    process = multiprocessing.get_context("fork").Process(
+        target=_write_forever, args=(writer, slot), daemon=True)
+    process.start()
+    reads, unsettled, seen = 0, 0, set()
+    try:
+        mapping = open_beacon(writer.path)
+        # on a loaded machine, reader and writer may take turns: read until the writer moved
+        while (len(seen) < 200 or reads < 5000) and reads < 1_000_000:
+            reads += 1
+            try:
+                snap = read_beacon(mapping)
+            except BeaconError:  # the writer was descheduled mid-write for all 1000 attempts
+                unsettled += 1
+                continue
+            (group,) = snap.groups
+            entered = group.entered_seq
+            assert group.op == (f"op{entered}" if entered else "")
+            assert group.entered_at == float(entered)
+            assert group.completed_seq in (entered - 1, entered)
+            assert snap.steps in (entered - 1, entered) and snap.steps <= group.completed_seq
+            assert snap.step_at == float(snap.steps)
+            seen.add(entered)
+    finally:
+        process.kill()
+        process.join()
+    assert unsettled <= reads // 100
+    assert len(seen) >= 200, "the writer made too little progress for the test to mean anything"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    header=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    world=st.sampled_from([-1, 0, 1, 2**31 - 1]) | st.integers(-(2**31), 2**31 - 1),
+    n_groups=st.integers(0, MAX_GROUPS + 2),
+    n_listed=st.lists(st.sampled_from([ALL_WORLD, -2, 0, MAX_LISTED_RANKS + 1])
+                      | st.integers(0, MAX_LISTED_RANKS), min_size=MAX_GROUPS,
+                      max_size=MAX_GROUPS),
+)
+def test_any_bytes_give_a_snapshot_or_beacon_error(header: bool, seed: int, world: int,
+                                                    n_groups: int, n_listed: list[int]) -> None:
+    """Random bytes; with `header`, behind a valid header and with the fields that steer
+    parsing chosen to reach every branch. Reading returns or raises BeaconError, nothing else."""
+    data = bytearray(random.Random(seed).randbytes(SIZE))
+    if header:
+        struct.pack_into("<8sIIQ", data, 0, MAGIC, VERSION, SIZE, 0)
+        struct.pack_into("<i", data, 44, world)  # identity.world_size
+        struct.pack_into("<I", data, OFF_N_GROUPS, n_groups)
+        for slot, listed in enumerate(n_listed):
+            struct.pack_into("<i", data, OFF_GROUPS + slot * GROUP_SLOT_SIZE + 36, listed)
+    try:
+        snap = read_beacon(bytes(data), attempts=2)
+    except BeaconError:
+        return
+    assert header
+    assert len(snap.groups) == n_groups
+    for group, listed in zip(snap.groups, n_listed[:n_groups], strict=True):
+        assert len(group.ranks) == (world if listed == ALL_WORLD else listed)

@@ -1,0 +1,499 @@
+"""The verdict engine on snapshots shaped like those of a 4-rank gloo DDP job (watchdog._demo).
+
+Each DDP forward enters an "all_reduce" on group "0" that completes at the optimizer step, so at
+step 56 the world group stands at #56 completed, and a rank inside step 57 has #57 pending.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from watchdog import _evidence
+from watchdog._model import (
+    CollectiveRef,
+    Frame,
+    GroupProgress,
+    JobSnapshot,
+    Kind,
+    RankStack,
+    RankState,
+)
+from watchdog._verdict import decide
+
+T0 = 1764676800.0  # 2025-12-02 12:00:00 UTC
+JOB = "torchrun-4f2a"
+WORLD = (0, 1, 2, 3)
+PAIR = (0, 1)  # dist.new_group([0, 1]) is named "1"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+TRAIN = "/home/ml/train.py"
+
+DDP_BACKWARD = (  # a rank blocked in DDP's gradient all-reduce
+    Frame("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 829),
+    Frame("backward", f"{SITE}/torch/autograd/__init__.py", 364),
+    Frame("backward", f"{SITE}/torch/_tensor.py", 648),
+    Frame("main", TRAIN, 112),
+    Frame("<module>", TRAIN, 130),
+)
+DATA_STALL = (  # a rank whose dataset read never returns
+    Frame("read_sample_from_storage", TRAIN, 42),
+    Frame("__getitem__", TRAIN, 36),
+    Frame("fetch", f"{SITE}/torch/utils/data/_utils/fetch.py", 52),
+    Frame("_next_data", f"{SITE}/torch/utils/data/dataloader.py", 789),
+    Frame("__next__", f"{SITE}/torch/utils/data/dataloader.py", 733),
+    Frame("main", TRAIN, 104),
+    Frame("<module>", TRAIN, 130),
+)
+BARRIER = (  # rank 0's stray barrier
+    Frame("barrier", f"{SITE}/torch/distributed/distributed_c10d.py", 4811),
+    Frame("wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 81),
+    Frame("save_checkpoint", TRAIN, 58),
+    Frame("main", TRAIN, 108),
+    Frame("<module>", TRAIN, 130),
+)
+FORWARD_LOOP = (  # stuck in its own model code after DDP's forward counted the all-reduce
+    Frame("forward", "/home/ml/model.py", 12),
+    Frame("_call_impl", f"{SITE}/torch/nn/modules/module.py", 1784),
+    Frame("forward", f"{SITE}/torch/nn/parallel/distributed.py", 1657),
+    Frame("main", TRAIN, 110),
+)
+
+# Recorded by a `watchdog run` smoke test while the job started on a busy machine.
+PACKAGE = Path(_evidence.__file__).parent
+IMPORTING_TORCH = (
+    Frame("_create_fn", "/root/.pyenv/versions/3.11.7/lib/python3.11/dataclasses.py", 433),
+    Frame("<module>", f"{SITE}/torch/compiler/_cache.py", 22),
+    Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+    Frame("<module>", f"{SITE}/torch/__init__.py", 2895),
+    Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+    Frame("<module>", str(PACKAGE / "_demo" / "train.py"), 14),
+)
+IN_RENDEZVOUS = (
+    Frame("_new_process_group_helper", f"{SITE}/torch/distributed/distributed_c10d.py", 2169),
+    Frame("init_process_group", f"{SITE}/torch/distributed/distributed_c10d.py", 1899),
+    Frame("_time_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 97),
+    Frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
+    Frame("TorchPatches._after.<locals>.wrapper", str(PACKAGE / "_hook_torch.py"), 119),
+    Frame("main", str(PACKAGE / "_demo" / "train.py"), 94),
+    Frame("<module>", str(PACKAGE / "_demo" / "train.py"), 128),
+)
+
+
+@pytest.fixture(autouse=True)
+def utc() -> Iterator[None]:
+    """Summaries print local time: pin it so that they can be compared word for word."""
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if saved is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = saved
+    time.tzset()
+
+
+def entered(
+    seq: int, at: float, op: str = "all_reduce", group: str = "0", ranks: tuple[int, ...] = WORLD
+) -> GroupProgress:
+    """A collective this rank entered and still waits in."""
+    return GroupProgress(group, ranks, seq, op, seq - 1, T0 + at)
+
+
+def done(
+    seq: int, at: float, op: str = "all_reduce", group: str = "0", ranks: tuple[int, ...] = WORLD
+) -> GroupProgress:
+    """A collective this rank entered and completed."""
+    return GroupProgress(group, ranks, seq, op, seq, T0 + at)
+
+
+def rank(number: int, *groups: GroupProgress, **changes: Any) -> RankState:
+    fields: dict[str, Any] = {
+        "job_id": JOB, "rank": number, "local_rank": number, "world_size": 4,
+        "host": "node-a", "pid": 4242 + number, "hooked": True, "proc_state": "S",
+        "heartbeat_age": 0.2, "steps": 56, "events": 120 + number, "last_event_at": T0,
+        "groups": groups,
+    }  # fmt: skip
+    fields.update(changes)
+    return RankState(**fields)
+
+
+def exited(state: RankState, at: float, code: int | None, clean: bool) -> RankState:
+    fields = {**state.__dict__, "exited_at": T0 + at, "exit_code": code, "clean_exit": clean}
+    return RankState(**{**fields, "proc_state": ""})
+
+
+def snapshot(
+    *ranks: RankState, stalled: bool = True, stacks: Mapping[int, tuple[Frame, ...]] | None = None
+) -> JobSnapshot:
+    taken = {r: RankStack(r, 4242 + r, frames) for r, frames in (stacks or {}).items()}
+    return JobSnapshot(JOB, len(ranks), T0 + 45, 42.0 if stalled else 1.0, stalled, ranks, taken)
+
+
+def unhooked(number: int) -> RankState:
+    return rank(number, hooked=False, heartbeat_age=None, steps=0, events=0)
+
+
+def data_pipeline(
+    stalled: bool = True, stacks: Mapping[int, tuple[Frame, ...]] | None = None, **rank1: Any
+) -> JobSnapshot:
+    """Rank 1's dataset read never returns; 0, 2 and 3 wait in the all-reduce of step 57."""
+    return snapshot(
+        rank(0, entered(57, 3.1)),
+        rank(1, done(56, 2.6), **rank1),
+        rank(2, entered(57, 3.2)),
+        rank(3, entered(57, 3.4)),
+        stalled=stalled,
+        stacks=stacks,
+    )
+
+
+def world_ref(seq: int, op: str = "all_reduce") -> CollectiveRef:
+    return CollectiveRef("0", WORLD, seq, op)
+
+
+CASES = {
+    "data pipeline: rank 1 never reached #57": (
+        data_pipeline(),
+        (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(57)),
+    ),
+    "rank 0 can be the culprit": (
+        snapshot(
+            rank(0, done(56, 2.6)),
+            rank(1, entered(57, 3.1)),
+            rank(2, entered(57, 3.2)),
+            rank(3, entered(57, 3.3)),
+        ),
+        (Kind.MISSING_RANKS, (0,), (1, 2, 3), world_ref(57)),
+    ),
+    "trap: rank 0 in a barrier, the others in DDP's all-reduce": (
+        snapshot(
+            rank(0, entered(57, 3.0, op="barrier")),
+            rank(1, entered(57, 3.1)),
+            rank(2, entered(57, 3.2)),
+            rank(3, entered(57, 3.3)),
+        ),
+        (Kind.COLLECTIVE_MISMATCH, (0,), (1, 2, 3), world_ref(57)),
+    ),
+    "subgroup: rank 1 never reached its pair's collective": (
+        snapshot(
+            rank(0, done(57, 3.0), entered(5, 4.0, group="1", ranks=PAIR)),
+            rank(1, done(57, 3.1), done(4, 1.0, group="1", ranks=PAIR)),
+            rank(2, entered(58, 5.0)),
+            rank(3, entered(58, 5.2)),
+        ),
+        (Kind.MISSING_RANKS, (1,), (0, 2, 3), CollectiveRef("1", PAIR, 5, "all_reduce")),
+    ),
+    "subgroup where both members wait: a fault in that group": (
+        snapshot(
+            rank(0, done(57, 3.0), entered(5, 4.0, group="1", ranks=PAIR)),
+            rank(1, done(57, 3.1), entered(5, 4.1, group="1", ranks=PAIR)),
+            rank(2, entered(58, 5.0)),
+            rank(3, entered(58, 5.2)),
+        ),
+        (Kind.ALL_IN_COLLECTIVE, (), (0, 1), CollectiveRef("1", PAIR, 5, "all_reduce")),
+    ),
+    "a cycle across groups: rank 0 waits in its pair, the others in the world": (
+        snapshot(
+            rank(0, done(57, 3.0), entered(5, 4.0, group="1", ranks=PAIR)),
+            rank(1, entered(58, 5.1), done(4, 1.0, group="1", ranks=PAIR)),
+            rank(2, entered(58, 5.0)),
+            rank(3, entered(58, 5.2)),
+        ),
+        (Kind.COLLECTIVE_MISMATCH, (0,), (1, 2, 3), world_ref(58)),
+    ),
+    "early exit with code 0, the others failed later": (
+        snapshot(
+            exited(rank(3, done(56, 2.6)), at=3.0, code=0, clean=True),
+            exited(rank(0, entered(57, 3.1)), at=1803.0, code=1, clean=True),
+            exited(rank(1, entered(57, 3.2)), at=1803.1, code=1, clean=True),
+            exited(rank(2, entered(57, 3.3)), at=1803.2, code=1, clean=True),
+            stalled=False,
+        ),
+        (Kind.RANK_EXITED, (3,), (0, 1, 2), None),
+    ),
+    "early exit while the others wait for it, before any stall": (
+        snapshot(
+            rank(0, entered(57, 3.1)),
+            rank(1, entered(57, 3.2)),
+            rank(2, entered(57, 3.3)),
+            exited(rank(3, done(56, 2.6)), at=3.0, code=0, clean=True),
+            stalled=False,
+        ),
+        (Kind.RANK_EXITED, (3,), (0, 1, 2), world_ref(57)),
+    ),
+    "SIGSTOPped inside the all-reduce: stopped beats all-in-collective": (
+        snapshot(
+            rank(0, entered(57, 3.1)),
+            rank(1, entered(57, 3.2)),
+            rank(2, entered(57, 3.0), proc_state="T", heartbeat_age=40.0),
+            rank(3, entered(57, 3.3)),
+        ),
+        (Kind.RANK_WEDGED, (2,), (0, 1, 3), None),
+    ),
+    "GIL held in native code: silent heartbeat outside any collective": (
+        data_pipeline(heartbeat_age=38.5),
+        (Kind.RANK_WEDGED, (1,), (0, 2, 3), None),
+    ),
+    "a silent heartbeat in a collective the others wait in too is the wait itself": (
+        snapshot(
+            rank(0, entered(57, 3.1)),
+            rank(1, entered(57, 3.2), heartbeat_age=30.0),
+            rank(2, entered(57, 3.3)),
+            rank(3, entered(57, 3.4)),
+        ),
+        (Kind.ALL_IN_COLLECTIVE, (), (0, 1, 2, 3), world_ref(57)),
+    ),
+    "all in the same all-reduce, none completed": (
+        snapshot(*(rank(r, entered(57, 3.0 + r / 10)) for r in WORLD)),
+        (Kind.ALL_IN_COLLECTIVE, (), (0, 1, 2, 3), world_ref(57)),
+    ),
+    "nothing pending anywhere": (
+        snapshot(*(rank(r, done(57, 3.0 + r / 10)) for r in WORLD)),
+        (Kind.RANK_STALLED, (0, 1, 2, 3), (), None),
+    ),
+    "rank 1 in a checkpoint phase with time left": (
+        data_pipeline(phase="checkpoint", phase_age=30.0, phase_timeout=600.0),
+        None,
+    ),
+    "rank 1's checkpoint phase ran out of time": (
+        data_pipeline(phase="checkpoint", phase_age=700.0, phase_timeout=600.0),
+        (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(57)),
+    ),
+    "not stalled": (data_pipeline(stalled=False), None),
+    "normal finish": (
+        snapshot(
+            *(exited(rank(r, done(1000, 60.0)), 61.0 + r, code=0, clean=True) for r in WORLD),
+            stalled=False,
+        ),
+        None,
+    ),
+    "one rank finished first while the others finish their last step": (
+        snapshot(
+            exited(rank(0, done(1000, 60.0)), 60.5, code=0, clean=True),
+            *(rank(r, entered(1000, 60.1)) for r in (1, 2, 3)),
+            stalled=False,
+        ),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verdict(case: str) -> None:
+    job, expected = CASES[case]
+    verdict = decide(job)
+    got = (
+        None
+        if verdict is None
+        else (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks, verdict.collective)
+    )
+    assert got == expected
+
+
+def test_data_pipeline_summary_names_collective_waiters_and_time() -> None:
+    verdict = decide(data_pipeline())
+    assert verdict is not None
+    assert verdict.summary == (
+        "rank 1 never reached all_reduce #57 on group 0 (world); ranks 0,2,3 wait there "
+        "since 12:00:03"
+    )
+
+
+def test_summary_says_where_the_culprit_is_stuck_in_its_own_code() -> None:
+    verdict = decide(
+        data_pipeline(stacks={0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD})
+    )
+    assert verdict is not None
+    assert verdict.summary.startswith(
+        "rank 1 (stuck in read_sample_from_storage at train.py:42) never reached all_reduce #57"
+    )
+
+
+def test_trap_summary_shows_both_sides() -> None:
+    verdict = decide(
+        snapshot(
+            rank(0, entered(57, 3.0, op="barrier")),
+            rank(1, entered(57, 3.1)),
+            rank(2, entered(57, 3.2)),
+            rank(3, entered(57, 3.3)),
+            stacks={0: BARRIER, 1: DDP_BACKWARD, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
+        )
+    )
+    assert verdict is not None
+    assert verdict.summary == (
+        "rank 0 (stuck in save_checkpoint at train.py:58) is in barrier #57 on group 0 (world) "
+        "while ranks 1,2,3 are in all_reduce #57 since 12:00:03"
+    )
+
+
+def test_subgroup_summary_names_the_pair_and_the_other_waiters() -> None:
+    job, _ = CASES["subgroup: rank 1 never reached its pair's collective"]
+    verdict = decide(job)
+    assert verdict is not None
+    assert verdict.summary == (
+        "rank 1 never reached all_reduce #5 on group 1 (ranks 0,1); rank 0 waits there since "
+        "12:00:04; ranks 2,3 wait in all_reduce #58 on group 0 (world) since 12:00:05"
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "clean", "words"),
+    [
+        (0, True, "(exit code 0, clean shutdown)"),
+        (None, False, "(killed/unknown exit code, no clean shutdown)"),
+    ],
+)
+def test_exit_summary_gives_exit_code_and_shutdown(
+    code: int | None, clean: bool, words: str
+) -> None:
+    verdict = decide(
+        snapshot(
+            exited(rank(2, done(56, 2.6)), at=3.0, code=code, clean=clean),
+            rank(0, entered(57, 3.1)),
+            rank(1, entered(57, 3.2)),
+            rank(3, entered(57, 3.3)),
+            stalled=False,
+        )
+    )
+    assert verdict is not None
+    assert verdict.culprit_ranks == (2,)
+    expected = f"rank 2 exited first at 12:00:03 {words} while ranks 0,1,3 still needed it"
+    assert verdict.summary == expected
+
+
+def test_mismatch_between_equal_sides_blames_the_side_with_the_lowest_rank() -> None:
+    job = snapshot(
+        rank(0, entered(57, 3.0, ranks=PAIR)), rank(1, entered(57, 3.1, op="barrier", ranks=PAIR))
+    )
+    reversed_ops = snapshot(
+        rank(0, entered(57, 3.0, op="barrier", ranks=PAIR)), rank(1, entered(57, 3.1, ranks=PAIR))
+    )
+    for case in (job, reversed_ops):
+        verdict = decide(case)
+        assert verdict is not None
+        assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+            Kind.COLLECTIVE_MISMATCH,
+            (0,),
+            (1,),
+        )
+
+
+def test_stack_shows_a_rank_that_entered_ddp_forward_but_never_reached_backward() -> None:
+    job = snapshot(
+        *(rank(r, entered(57, 3.0 + r / 10)) for r in WORLD),
+        stacks={0: DDP_BACKWARD, 1: FORWARD_LOOP, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
+    )
+    verdict = decide(job)
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+        Kind.MISSING_RANKS,
+        (1,),
+        (0, 2, 3),
+    )
+    assert "stuck in forward at model.py:12" in verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("stacks", "expected"),
+    [
+        (
+            {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
+            (Kind.MISSING_RANKS, (1,), (0, 2, 3)),
+        ),
+        ({r: DDP_BACKWARD for r in WORLD}, (Kind.ALL_IN_COLLECTIVE, (), (0, 1, 2, 3))),
+        ({r: DATA_STALL for r in WORLD}, (Kind.RANK_STALLED, (0, 1, 2, 3), ())),
+    ],
+    ids=["one rank outside", "all inside", "none inside"],
+)
+def test_stacks_only_job(
+    stacks: dict[int, tuple[Frame, ...]], expected: tuple[str, tuple[int, ...], tuple[int, ...]]
+) -> None:
+    verdict = decide(snapshot(*(unhooked(r) for r in WORLD), stacks=stacks))
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == expected
+    assert verdict.collective is None
+
+
+def test_stacks_only_summary_names_where_the_waiters_wait() -> None:
+    verdict = decide(
+        snapshot(
+            *(unhooked(r) for r in WORLD),
+            stacks={0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
+        )
+    )
+    assert verdict is not None
+    assert verdict.summary == (
+        "rank 1 (stuck in read_sample_from_storage at train.py:42) never reached the collective "
+        "that ranks 0,2,3 wait in (_engine_run_backward called at train.py:112)"
+    )
+
+
+_progress = st.builds(
+    lambda group, seq, op, pending, at: GroupProgress(
+        group, WORLD if group == "0" else PAIR, seq, op, seq - pending, T0 + at
+    ),
+    st.sampled_from(["0", "1"]),
+    st.integers(1, 4),
+    st.sampled_from(["all_reduce", "barrier"]),
+    st.integers(0, 1),
+    st.floats(0, 10),
+)
+_rank_states = st.builds(
+    lambda groups, state, heartbeat, gone, hooked: (groups, state, heartbeat, gone, hooked),
+    st.lists(_progress, max_size=2, unique_by=lambda p: p.group),
+    st.sampled_from(["S", "R", "D", "T"]),
+    st.sampled_from([0.2, 30.0]),
+    st.sampled_from([None, (1.0, 0, True), (2.0, 1, False), (3.0, None, False)]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_rank_states, min_size=4, max_size=4), st.booleans(), st.sets(st.sampled_from(WORLD))
+)
+def test_any_snapshot_gets_a_consistent_verdict(
+    states: list[Any], stalled: bool, with_stacks: set[int]
+) -> None:
+    ranks = []
+    for number, (groups, state, heartbeat, gone, hooked) in enumerate(states):
+        one = rank(
+            number,
+            *(groups if hooked else ()),
+            proc_state=state,
+            heartbeat_age=heartbeat,
+            hooked=hooked,
+        )
+        ranks.append(one if gone is None else exited(one, *gone))
+    stacks = {r: (DDP_BACKWARD if r % 2 else DATA_STALL) for r in with_stacks}
+    verdict = decide(snapshot(*ranks, stalled=stalled, stacks=stacks))
+    if verdict is None:
+        return
+    assert set(verdict.culprit_ranks) <= set(WORLD)
+    assert not set(verdict.culprit_ranks) & set(verdict.waiting_ranks)
+    assert verdict.summary
+    assert stalled or verdict.kind == Kind.RANK_EXITED
+
+
+def test_rank_still_importing_torch_while_the_others_wait_in_init() -> None:
+    """Hooked ranks report no group before init_process_group returns: stacks decide."""
+    stacks = {0: IMPORTING_TORCH, 1: IN_RENDEZVOUS, 2: IN_RENDEZVOUS, 3: IN_RENDEZVOUS}
+    verdict = decide(snapshot(*(rank(r, steps=0) for r in WORLD), stacks=stacks))
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+        Kind.MISSING_RANKS,
+        (0,),
+        (1, 2, 3),
+    )
+    assert verdict.summary == (
+        "rank 0 (stuck in <module> at train.py:14) never reached the collective that ranks 1,2,3 "
+        "wait in (init_process_group called at train.py:94)"
+    )

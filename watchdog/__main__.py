@@ -1,0 +1,7 @@
+"""`python -m watchdog`: the same as the `watchdog` console script."""
+
+import sys
+
+from watchdog._cli import main
+
+sys.exit(main())

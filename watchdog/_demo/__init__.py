@@ -1,0 +1,1 @@
+"""The bundled demo job and its runner."""

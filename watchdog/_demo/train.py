@@ -1,0 +1,154 @@
+"""A tiny DDP training job (one process per rank, under torchrun) with one injectable fault.
+
+`watchdog demo` runs it with a rank stuck in its data pipeline; the integration tests run every
+fault. Done right: DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
+          "nccl_peer_closed")
+
+
+class Progress:
+    step = 0
+
+
+class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, size: int, stall_from_step: int | None) -> None:
+        self.size = size
+        self.stall_from_step = stall_from_step
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.stall_from_step is not None and Progress.step >= self.stall_from_step:
+            read_sample_from_storage(index)
+        return torch.full((8,), float(index % 7)), torch.ones(1)
+
+
+def read_sample_from_storage(index: int) -> None:
+    """Stands for a read from a network filesystem that never returns."""
+    time.sleep(3600)
+
+
+_metrics_lock = threading.Lock()
+
+
+def update_metrics() -> None:
+    """A deadlock: the lock is not reentrant and this thread already holds it."""
+    with _metrics_lock:
+        _metrics_lock.acquire()
+
+
+def save_checkpoint() -> None:
+    """A barrier only this rank calls: its peers are in DDP's all-reduce instead."""
+    dist.barrier()
+
+
+def load_shard() -> None:
+    """Stands for a rank that never gets to its subgroup's collective."""
+    time.sleep(3600)
+
+
+def evaluate() -> None:
+    """A legitimately slow step that every rank takes at the same time."""
+    time.sleep(1.5)
+
+
+def write_nccl_debug_lines(local_rank: int, peer_closed: bool) -> None:
+    """Lines in NCCL's own debug format, to the file NCCL_DEBUG_FILE names (%h, %p expanded):
+    gloo on CPU writes none, so this stands in for NCCL where the job asks for it."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return
+    host, pid, tid = socket.gethostname().split(".")[0], os.getpid(), threading.get_native_id()
+    prefix = f"{host}:{pid}:{tid} [{local_rank}]"
+    with open(pattern.replace("%h", host).replace("%p", str(pid)), "a") as log:
+        if not peer_closed:
+            log.write(f"{prefix} NCCL INFO Bootstrap : Using eth0:10.0.0.{local_rank + 1}<0>\n"
+                      f"{prefix} NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+            return
+        log.write(f"{prefix} NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC\n"
+                  f"\n{prefix} misc/socket.cc:521 NCCL WARN Net : Connection closed by remote "
+                  "peer 10.0.0.3<37877>\n"
+                  f"{prefix} NCCL INFO transport/net.cc:1298 -> 6\n")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fault", choices=FAULTS, default="none")
+    parser.add_argument("--fault-rank", type=int, default=1)
+    parser.add_argument("--fault-step", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=1000)
+    return parser.parse_args(argv)
+
+
+def inject(fault: str, rank: int, step: int, subgroup: dist.ProcessGroup | None) -> None:
+    if fault == "lock":
+        update_metrics()
+    elif fault == "barrier":
+        save_checkpoint()
+    elif fault == "early_exit":
+        print(f"rank {rank}: leaving early at step {step}", flush=True)
+        sys.exit(0)
+    elif fault == "subgroup" and rank == 0:
+        dist.all_reduce(torch.ones(1), group=subgroup)
+    elif fault == "subgroup" and rank == 1:
+        load_shard()
+    elif fault == "nccl_peer_closed":
+        write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=True)
+        load_shard()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=False)
+    subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None
+    stall = args.fault == "data_stall" and rank == args.fault_rank
+    dataset = Samples(64 * world, args.fault_step if stall else None)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    step, epoch = 0, 0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            Progress.step = step
+            if args.fault == "slow_steps" and step % 3 == 1:
+                evaluate()
+            if step == args.fault_step and (rank == args.fault_rank or args.fault == "subgroup"):
+                inject(args.fault, rank, step, subgroup)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(0.05)
+            step += 1
+            if step >= args.steps:
+                break
+        epoch += 1
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"finished {step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,126 @@
+"""The hook's public entry points and its process lifecycle (runs inside every training rank).
+
+Stdlib only at import time: the `watchdog` package imports this, and so do the CLI and the
+daemons. torch is patched when it gets imported (see `_hook_imports`), never imported here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+from watchdog._beacon import EXIT_CLEAN, EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog._env import HOOK_PID, beacon_dir, int_env, job_id
+from watchdog._hook_imports import after_import
+from watchdog._hook_recorder import Recorder
+from watchdog._hook_torch import TorchPatches
+
+HEARTBEAT_INTERVAL = 0.2  # seconds
+HEARTBEAT_THREAD = "torch-hang-watchdog-heartbeat"
+
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+_recorder: Recorder | None = None  # this process's, once installed
+
+
+def install() -> bool:
+    """Start recording this rank's progress into its beacon; True when the hook is active.
+
+    Needs RANK and WORLD_SIZE in the environment (torchrun sets them): anywhere else it records
+    nothing and returns False, as it does in a process started by another hooked process (a
+    spawned DataLoader worker inherits WATCHDOG_HOOK_PID naming its rank). Install before
+    `from torch.distributed import ...` copies what the hook patches: `watchdog run` and
+    `watchdog launch` install it before any user code runs. Idempotent; never raises.
+    """
+    global _recorder
+    pid = os.getpid()
+    if _recorder is not None and _recorder.pid == pid:
+        return _recorder.enabled
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env or (env.get(HOOK_PID) or str(pid)) != str(pid):
+        return False
+    try:
+        _recorder = _start(env, pid)
+    except Exception as e:
+        print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
+        return False
+    return True
+
+
+def _start(env: Mapping[str, str], pid: int) -> Recorder:
+    rank = int(env["RANK"])
+    identity = Identity(job_id(env), rank, int_env(env, "LOCAL_RANK", -1), int(env["WORLD_SIZE"]),
+                        socket.gethostname().split(".")[0], pid, time.time())
+    directory = beacon_dir(env)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity)
+    recorder = Recorder(writer, identity)
+    writer.heartbeat(time.time())
+    os.environ[HOOK_PID] = str(pid)
+    os.register_at_fork(after_in_child=_disable_in_child)
+    atexit.register(recorder.mark_exit, EXIT_CLEAN, 0)
+    sys.excepthook = _marking_excepthook(recorder, sys.excepthook)
+    threading.Thread(target=_beat, args=(recorder,), name=HEARTBEAT_THREAD, daemon=True).start()
+    after_import(TorchPatches(recorder).post_import_hooks(), recorder.fail)
+    return recorder
+
+
+def _disable_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the rank's beacon mapping: it must not write."""
+    if _recorder is not None:
+        _recorder.enabled = False
+
+
+def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
+    def excepthook(kind: type[BaseException], error: BaseException,
+                   traceback: TracebackType | None) -> Any:
+        recorder.mark_exit(EXIT_EXCEPTION, 1)
+        return previous(kind, error, traceback)
+
+    return excepthook
+
+
+def _beat(recorder: Recorder) -> None:
+    """Liveness: it stops when the process dies, or when native code holds the GIL for good."""
+    writer = recorder.writer
+    while not recorder.failed:
+        try:
+            writer.heartbeat(time.time())
+        except Exception as e:
+            recorder.fail(e)
+        time.sleep(HEARTBEAT_INTERVAL)
+
+
+def step() -> None:
+    """Count one training step by hand, for loops that step no torch optimizer. Once it is
+    called, optimizer steps stop counting. A no-op where the hook is not installed."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.step(manual=True)
+
+
+@contextlib.contextmanager
+def phase(name: str, timeout: float = 0.0) -> Iterator[None]:
+    """Declare a named phase (checkpoint, evaluation, ...) in which this rank may make no
+    progress for up to `timeout` seconds (0: the job's usual stall timeout applies).
+
+    Phases nest: leaving one restores the enclosing phase. A no-op where the hook is not
+    installed; it never raises (what the `with` body raises passes through unchanged).
+    """
+    recorder = _recorder
+    if recorder is None:
+        yield
+        return
+    previous = recorder.set_phase((name, time.time(), timeout))
+    try:
+        yield
+    finally:
+        recorder.set_phase(previous)

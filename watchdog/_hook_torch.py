@@ -1,0 +1,217 @@
+"""Patches torch so its distributed work reports to the hook (runs inside every training rank).
+
+Each patch is applied when its torch module finishes importing (see `_hook_imports`), so the
+boot sitecustomize can install the hook before torch is imported. Wrappers call the original
+outside any `try`: a user's error reaches the user unchanged, while the recording itself never
+raises (see `Recorder`). torch is never imported here: the modules arrive as arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from watchdog._hook_recorder import Recorder
+
+COLLECTIVES = (
+    "all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "gather", "scatter", "broadcast_object_list", "monitored_barrier",
+)
+# Point-to-point calls count on a slot of their own per pair of ranks: counted on the group,
+# they would put the members that take no part in them behind by one.
+P2P = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
+DDP_OP = b"all_reduce"
+MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
+
+
+class TorchPatches:
+    """The patches of one hooked process, and the process group -> beacon slot cache they share.
+
+    A slot cache key is the group argument as passed (None for the default group); a
+    point-to-point key also holds the peer. Keys hold their groups alive, hence the bound.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._rec = recorder
+        self._dist: Any = None
+        self._slots: dict[object, int] = {}
+
+    def post_import_hooks(self) -> dict[str, Callable[[ModuleType], None]]:
+        return {
+            "torch.distributed": self.patch_distributed,
+            "torch.nn.parallel.distributed": self.patch_ddp,
+            "torch.optim.optimizer": self.patch_optimizer,
+        }
+
+    def slot(self, group: object) -> int:
+        """The beacon slot of a process group; -1 when there is nothing to record in it."""
+        slot = self._slots.get(group)
+        return self._register(group, group, None) if slot is None else slot
+
+    def pair_slot(self, group: object, peer: int | None, group_peer: int | None) -> int:
+        """The slot counting point-to-point calls between this rank and one peer of `group`,
+        named by its global rank or its rank in `group`; -1 for a receive from any source."""
+        key = (group, peer, group_peer)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = -1 if peer is None and group_peer is None else self._register(
+                key, group, (peer, group_peer))
+        return slot
+
+    def _register(self, key: object, group: object,
+                  peer: tuple[int | None, int | None] | None) -> int:
+        dist = self._dist
+        if dist is None or not dist.is_initialized():
+            return -1  # torch raises its own error for this call; try again on the next
+        try:
+            slot = -1
+            if group != dist.GroupMember.NON_GROUP_MEMBER:
+                pg: Any = dist.group.WORLD if group is None else group
+                name, ranks = pg.group_name, tuple(dist.get_process_group_ranks(pg))
+                if peer is not None:
+                    other = peer[0] if peer[0] is not None else dist.get_global_rank(pg, peer[1])
+                    ranks = tuple(sorted((dist.get_rank(), other)))
+                    name = f"{name}:p2p:{ranks[0]}-{ranks[1]}"
+                slot = self._rec.writer.group_slot(name, ranks, self._rec.identity.world_size)
+        except Exception as e:
+            self._rec.fail(e)
+            return -1
+        if len(self._slots) >= MAX_CACHED_SLOTS:
+            self._slots.clear()
+        self._slots[key] = slot
+        return slot
+
+    def patch_distributed(self, dist: ModuleType) -> None:
+        c10d = getattr(dist, "distributed_c10d", None)
+        if c10d is None:  # torch built without distributed support
+            return
+        self._dist = dist
+        for name in COLLECTIVES:
+            if hasattr(c10d, name):
+                self._replace(dist, c10d, name, self._collective(getattr(c10d, name), c10d))
+        for name, (peer, group_peer) in P2P.items():
+            if hasattr(c10d, name):
+                wrapper = self._p2p(getattr(c10d, name), c10d, peer, group_peer)
+                self._replace(dist, c10d, name, wrapper)
+        self._replace(dist, c10d, "init_process_group", self._after(c10d.init_process_group,
+                                                                    self._on_init))
+        self._replace(dist, c10d, "new_group", self._after(c10d.new_group, self.slot))
+
+    @staticmethod
+    def _replace(dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:
+        setattr(c10d, name, wrapper)
+        setattr(dist, name, wrapper)
+
+    def _on_init(self, _result: object) -> None:
+        self._rec.set_rank(self._dist.get_rank(), self._dist.get_world_size())
+        self._slots.clear()
+        self.slot(None)  # the world group shows in the beacon, at seq 0, before any collective
+
+    def _after(self, original: Callable[..., Any], then: Callable[[Any], object]) -> Any:
+        rec = self._rec
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if rec.enabled:
+                try:
+                    then(result)
+                except Exception as e:
+                    rec.fail(e)
+            return result
+
+        return wrapper
+
+    def _collective(self, original: Callable[..., Any], c10d: ModuleType) -> Any:
+        rec, slots, register = self._rec, self._slots, self._register
+        enter, complete = rec.enter, rec.complete
+        op = original.__name__.encode()
+        params = list(inspect.signature(original).parameters)
+        group_at = params.index("group")
+        async_at = params.index("async_op") if "async_op" in params else sys.maxsize
+        c10d_globals, frame = c10d.__dict__, sys._getframe
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            # c10d's own calls inside a collective (all_gather_object's all_gathers) are part of
+            # the outer one: counting them would skew seqs of ranks taking different paths.
+            if not rec.enabled or frame(1).f_globals is c10d_globals:
+                return original(*args, **kwargs)
+            group = args[group_at] if len(args) > group_at else kwargs.get("group")
+            slot = slots.get(group)
+            if slot is None:
+                slot = register(group, group, None)
+            if slot < 0:
+                return original(*args, **kwargs)
+            seq = enter(slot, op)
+            result = original(*args, **kwargs)
+            if args[async_at] if len(args) > async_at else kwargs.get("async_op"):
+                rec.leave_pending(slot, seq)
+            else:
+                complete(slot, seq)
+            return result
+
+        return collective
+
+    def _p2p(self, original: Callable[..., Any], c10d: ModuleType, peer_name: str,
+             group_peer_name: str) -> Any:
+        rec = self._rec
+        op = original.__name__.encode()
+        params = list(inspect.signature(original).parameters)
+        group_at, peer_at = params.index("group"), params.index(peer_name)
+        group_peer_at = params.index(group_peer_name)
+        c10d_globals, frame = c10d.__dict__, sys._getframe
+
+        @functools.wraps(original)
+        def p2p(*args: Any, **kwargs: Any) -> Any:
+            if not rec.enabled or frame(1).f_globals is c10d_globals:
+                return original(*args, **kwargs)
+            n = len(args)
+            group = args[group_at] if n > group_at else kwargs.get("group")
+            slot = self.pair_slot(group, args[peer_at] if n > peer_at else kwargs.get(peer_name),
+                                  args[group_peer_at] if n > group_peer_at
+                                  else kwargs.get(group_peer_name))
+            seq = rec.enter(slot, op) if slot >= 0 else 0
+            result = original(*args, **kwargs)
+            if slot >= 0:
+                rec.complete(slot, seq)
+            elif isinstance(result, int) and result >= 0 and rec.enabled:
+                slot = self.pair_slot(group, result, None)  # a recv from any source: now we know
+                if slot >= 0:
+                    rec.complete(slot, rec.enter(slot, op))
+            return result
+
+        return p2p
+
+    def patch_ddp(self, module: ModuleType) -> None:
+        """Count each DDP forward that will all-reduce gradients in backward as a collective
+        entered: the all-reduce runs in C++, out of Python's sight, and every rank must run it."""
+        ddp_class = module.DistributedDataParallel
+        original = ddp_class.forward
+        rec, slots, register = self._rec, self._slots, self._register
+        grad_enabled = sys.modules["torch"].is_grad_enabled
+
+        @functools.wraps(original)
+        def forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
+            if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
+                slot = slots.get(ddp.process_group)
+                if slot is None:
+                    slot = register(ddp.process_group, ddp.process_group, None)
+                if slot >= 0:
+                    rec.enter_pending(slot, DDP_OP)
+            return original(ddp, *inputs, **kwargs)
+
+        ddp_class.forward = forward
+
+    def patch_optimizer(self, module: ModuleType) -> None:
+        rec = self._rec
+
+        def count_step(optimizer: object, args: object, kwargs: object) -> None:
+            rec.step(manual=False)
+
+        module.register_optimizer_step_post_hook(count_step)

@@ -1,0 +1,141 @@
+"""The incident record: the JSON DESIGN.md specifies, built from a snapshot and its verdict
+(runs in the coordinator). `rank_rows` also feeds `watchdog status --json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from watchdog._evidence import (
+    finished_cleanly,
+    frame_site,
+    is_library_frame,
+    is_stopped,
+    waits_in_collective,
+    wedge_reason,
+)
+from watchdog._explain import explain_lines
+from watchdog._model import JobSnapshot, Kind, RankStack, RankState, Verdict
+
+RUNNING = "RUNNING"
+WAITING = "WAITING"  # pending in a collective
+STALLED = "STALLED"  # the job is stalled and this rank waits in no collective
+STOPPED = "STOPPED"  # state T: someone stopped the process
+WEDGED = "WEDGED"  # D state, or its main thread has not run for a while
+EXITED = "EXITED"
+FINISHED = "FINISHED"  # exited 0 after a clean interpreter shutdown
+
+NcclLogs = Mapping[int, Sequence[str]]
+
+
+def build_incident(
+    snapshot: JobSnapshot,
+    verdict: Verdict,
+    incident_id: str,
+    detected_at: float,
+    nccl_logs: NcclLogs | None = None,
+) -> dict[str, Any]:
+    """One incident, keys in DESIGN.md's order."""
+    collective = verdict.collective
+    incident: dict[str, Any] = {
+        "id": incident_id,
+        "job_id": snapshot.job_id,
+        "detected_at": detected_at,
+        "kind": verdict.kind,
+        "summary": verdict.summary,
+        "culprit_ranks": list(verdict.culprit_ranks),
+        "waiting_ranks": list(verdict.waiting_ranks),
+        "collective": None
+        if collective is None
+        else {
+            "group": collective.group,
+            "ranks": list(collective.ranks),
+            "seq": collective.seq,
+            "op": collective.op,
+        },
+        "ranks": rank_rows(snapshot, nccl_logs),
+        "stack_groups": stack_groups(snapshot.stacks),
+    }
+    if verdict.kind == Kind.NODE_UNREACHABLE:
+        incident["node"] = verdict.node
+    return incident
+
+
+def rank_rows(snapshot: JobSnapshot, nccl_logs: NcclLogs | None = None) -> list[dict[str, Any]]:
+    """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
+    logs = nccl_logs or {}
+    return [
+        _rank_row(snapshot, rank, logs.get(rank.rank, ()))
+        for rank in sorted(snapshot.ranks, key=lambda r: r.rank)
+    ]
+
+
+def _rank_state(snapshot: JobSnapshot, rank: RankState) -> str:
+    stack = snapshot.stacks.get(rank.rank)
+    if not rank.alive:
+        return FINISHED if finished_cleanly(rank) else EXITED
+    if is_stopped(rank, stack):
+        return STOPPED
+    if wedge_reason(rank, stack):
+        return WEDGED
+    if waits_in_collective(rank, stack):
+        return WAITING
+    return STALLED if snapshot.stalled else RUNNING
+
+
+def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
+    """Ranks with the same main-thread stack, fewest first (the odd one out is the suspect).
+
+    Library frames are compared without their line numbers: ranks waiting in one collective may
+    sit on different lines of its polling loop. The user's own lines must match.
+    """
+    groups: dict[tuple[tuple[str, str, int | None], ...], list[RankStack]] = {}
+    for rank in sorted(stacks):
+        stack = stacks[rank]
+        if stack.frames:
+            signature = tuple(
+                (f.function, f.file, None if is_library_frame(f) else f.line) for f in stack.frames
+            )
+            groups.setdefault(signature, []).append(stack)
+    ordered = sorted(groups.values(), key=lambda members: (len(members), members[0].rank))
+    return [
+        {"ranks": [s.rank for s in members], "top": _frame_text(members[0])} for members in ordered
+    ]
+
+
+def _rank_row(snapshot: JobSnapshot, rank: RankState, nccl_log: Sequence[str]) -> dict[str, Any]:
+    stack = snapshot.stacks.get(rank.rank)
+    frames = stack.frames if stack is not None else ()
+    return {
+        "rank": rank.rank,
+        "host": rank.host,
+        "pid": rank.pid,
+        "state": _rank_state(snapshot, rank),
+        "step": rank.steps,
+        "last_collective": _last_collective(rank),
+        "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in frames],
+        "nccl_log": list(nccl_log),
+        "nccl_findings": [finding.to_json() for finding in explain_lines(nccl_log)],
+        "exit_code": rank.exit_code,
+        "heartbeat_age": rank.heartbeat_age,
+        "phase": rank.phase,
+    }
+
+
+def _last_collective(rank: RankState) -> dict[str, Any] | None:
+    if not rank.groups:
+        return None
+    last = max(rank.groups, key=lambda progress: progress.entered_at)
+    return {
+        "group": last.group,
+        "seq": last.entered_seq,
+        "op": last.entered_op,
+        "completed": not last.pending,
+    }
+
+
+def _frame_text(stack: RankStack) -> str:
+    """'all_reduce (distributed_c10d.py:2950)': the innermost frame."""
+    frame = stack.frames[0]
+    return f"{frame.function} ({frame_site(frame)})"

@@ -1,0 +1,95 @@
+"""The coordinator's view of one job, joined from every node's reports (coordinator process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog._model import JobSnapshot, Kind, RankStack, RankState
+from watchdog._stall import ProgressTracker, StallPolicy
+
+WARM_EVENTS = 8
+
+
+@dataclass
+class JobView:
+    job_id: str
+    policy: StallPolicy
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    incident: dict[str, Any] | None = None
+    incident_events: int = -1  # events total when the open incident fired
+    evaluating: bool = False
+
+    def __post_init__(self) -> None:
+        self.tracker = ProgressTracker(self.policy)
+
+    def update(self, node: str, state: RankState) -> None:
+        self.ranks[state.rank] = state
+        self.nodes[state.rank] = node
+
+    @property
+    def world_size(self) -> int:
+        return max((r.world_size for r in self.ranks.values()), default=0)
+
+    def events_total(self) -> int:
+        return sum(r.events for r in self.ranks.values())
+
+    def grace(self) -> float:
+        """Extra patience beyond the stall threshold: the warm-up, or a declared phase's timeout.
+
+        The warm-up lasts until every rank finished a step (or recorded WARM_EVENTS events, for
+        loops without an optimizer): the first steps import, compile and allocate in silence,
+        even under a fixed --stall-timeout.
+        """
+        warming_up = any(r.steps == 0 and r.events < WARM_EVENTS for r in self.ranks.values())
+        phases = (r.phase_timeout for r in self.ranks.values()
+                  if r.alive and r.phase and r.phase_age < r.phase_timeout)
+        return max([self.policy.warmup if warming_up else 0.0, *phases])
+
+    @property
+    def started(self) -> bool:
+        """Every rank reported and every hooked one joined its process groups: start-up is over.
+
+        Until then importing torch and the rendezvous are slow on their own; the stall clock
+        starts here, and the warm-up grace follows.
+        """
+        return 0 < self.world_size <= len(self.ranks) and all(
+            r.groups or not r.hooked for r in self.ranks.values())
+
+    def observe(self, now: float) -> None:
+        if not self.started:
+            return
+        self.tracker.observe(self.events_total(), now)
+        if self.incident_open and self.events_total() != self.incident_events:
+            self.incident_events = -1  # progress resumed: the next stall is a new incident
+
+    @property
+    def incident_open(self) -> bool:
+        return self.incident is not None and self.incident_events >= 0
+
+    @property
+    def done(self) -> bool:
+        """Every rank exited, or a rank exit was already diagnosed: nothing more to decide."""
+        everyone_left = len(self.ranks) >= self.world_size and not any(
+            r.alive for r in self.ranks.values())
+        exit_reported = self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED
+        return everyone_left or exit_reported
+
+    def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None) -> JobSnapshot:
+        return JobSnapshot(
+            job_id=self.job_id, world_size=self.world_size, now=now,
+            stalled_for=self.tracker.stalled_for(now),
+            stalled=self.tracker.is_stalled(now, phase_timeout=self.grace()),
+            ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {})
+
+    def state(self, now: float) -> str:
+        ranks = list(self.ranks.values())
+        if ranks and len(ranks) >= self.world_size and not any(r.alive for r in ranks):
+            clean = all(r.clean_exit and r.exit_code == 0 for r in ranks)
+            return "FINISHED" if clean and self.incident is None else "FAILED"
+        if self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED:
+            return "FAILED"
+        if self.incident_open:
+            return "HUNG"
+        return "STALLED" if self.snapshot(now).stalled else "RUNNING"

@@ -1,0 +1,149 @@
+"""`watchdog run`: coordinator and agent embedded in one asyncio process beside the job.
+
+They still talk gRPC, over a 0600 unix socket in a private run directory, so this path is the
+same code as the multi-process deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from agent._daemon import Agent
+from watchdog import _env
+from watchdog._coordinator import Coordinator
+from watchdog._launch import check_command, hook_env, new_job_id
+from watchdog._render import render_incident
+from watchdog._rpc import start_server
+from watchdog._stall import StallPolicy
+from watchdog._store import IncidentStore
+
+log = logging.getLogger(__name__)
+
+EXIT_HANG_KILLED = 3
+KILL_GRACE_S = 5.0
+INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    cmd: Sequence[str]
+    policy: StallPolicy
+    on_hang: str = "report"  # or "kill"
+    report_path: str | None = None
+    db_path: str = ""
+    color: bool = False
+
+
+def write_report(path: str, incident: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(incident, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class _Run:
+    def __init__(self, options: RunOptions, out: TextIO) -> None:
+        self.options = options
+        self.out = out
+        self.incidents: list[dict[str, Any]] = []
+        self.hang = asyncio.Event()
+
+    def on_incident(self, incident: dict[str, Any]) -> None:
+        self.incidents.append(incident)
+        if self.options.report_path:
+            write_report(self.options.report_path, incident)
+        self.out.write(render_incident(incident, color=self.options.color) + "\n")
+        self.out.flush()
+        if self.options.on_hang == "kill":
+            self.hang.set()
+
+
+async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
+    """Run the job under watch; the job's exit code, or 3 when a hang made us end it."""
+    cmd = check_command(options.cmd)
+    base = _env.beacon_dir()
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
+    store = IncidentStore(options.db_path)
+    state = _Run(options, out)
+    coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
+    coordinator.listeners.append(state.on_incident)
+    address = f"unix:{run_dir}/coordinator.sock"
+    server, _ = await start_server(coordinator, address)
+    os.chmod(f"{run_dir}/coordinator.sock", 0o600)
+    agent = Agent(address, run_dir, socket.gethostname().split(".")[0], INTERVAL_S,
+                  scan_unhooked=False)
+    stop = asyncio.Event()
+    daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
+    try:
+        job_id = os.environ.get(_env.JOB_ID) or new_job_id(cmd)
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True)
+        _forward_signals(proc.pid)
+        code = await _wait_job(proc, state, lambda: _live_worker_pids(agent))
+        # The job is gone: one last look so an exit in its final moments is still diagnosed.
+        coordinator.ingest(agent.scan())
+        await asyncio.gather(*coordinator.evaluate_all())
+        return code
+    finally:
+        stop.set()
+        await asyncio.gather(*daemons, return_exceptions=True)
+        await server.stop(grace=1.0)
+        store.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _live_worker_pids(agent: Agent) -> list[int]:
+    return [w.pid for w in agent.table.workers() if w.alive and w.verified]
+
+
+async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
+                    worker_pids: Callable[[], list[int]]) -> int:
+    exited = asyncio.create_task(proc.wait())
+    hang = asyncio.create_task(state.hang.wait())
+    await asyncio.wait({exited, hang}, return_when=asyncio.FIRST_COMPLETED)
+    hang.cancel()
+    if not exited.done():
+        state.out.write("watchdog: ending the hung job (--on-hang kill)\n")
+        await _kill_job(proc, exited, worker_pids())
+        return EXIT_HANG_KILLED
+    code = exited.result()
+    return 128 - code if code < 0 else code
+
+
+async def _kill_job(proc: asyncio.subprocess.Process, exited: asyncio.Task[int],
+                    workers: list[int]) -> None:
+    """torchrun puts each worker in a session of its own: signal them as well as torchrun."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        _signal_group(proc.pid, sig)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        done, _ = await asyncio.wait({exited}, timeout=wait)
+        if done:
+            return
+
+
+def _forward_signals(pgid: int) -> None:
+    """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _signal_group, pgid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
