@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from watchdog import _commands
 from watchdog._errors import UsageError, WatchdogError
 from watchdog._rpc import DEFAULT_ADDRESS
+from watchdog._store import KEEP_COUNT, KEEP_DAYS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -36,6 +37,20 @@ def _add_db_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="PATH",
                    help="incident database (default: $WATCHDOG_DB, /var/lib/torch-hang-watchdog/"
                         "incidents.db as root, ~/.local/state/torch-hang-watchdog/ otherwise)")
+
+
+def _add_token_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token-file", metavar="F",
+                   help="the shared token, in a file readable by its owner only "
+                        "(default: $WATCHDOG_TOKEN; none: no token)")
+
+
+def _add_client_security_options(p: argparse.ArgumentParser) -> None:
+    _add_token_option(p)
+    p.add_argument("--tls-ca", metavar="PEM", help="speak TLS; trust the coordinator's "
+                   "certificate when this CA signed it")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="client certificate's private key")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,14 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "/dev/shm/torch-hang-watchdog")
     p.add_argument("--node-name", metavar="N", help="default: the host name")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="report period")
+    _add_client_security_options(p)
 
     p = sub.add_parser("coordinator", help="the coordinator daemon")
     p.add_argument("--listen", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+    _add_token_option(p)
+    p.add_argument("--tls-cert", metavar="PEM", help="speak TLS with this certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument("--tls-client-ca", metavar="PEM",
+                   help="require client certificates signed by this CA")
     _add_db_option(p)
+    p.add_argument("--keep", type=int, default=KEEP_COUNT, metavar="N",
+                   help=f"keep the newest N incidents (default {KEEP_COUNT})")
+    p.add_argument("--keep-days", type=float, default=KEEP_DAYS, metavar="D",
+                   help=f"drop incidents older than D days (default {KEEP_DAYS:.0f})")
     _add_stall_options(p)
 
     p = sub.add_parser("status", help="jobs, ranks and the current verdict")
     p.add_argument("--coordinator", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+    _add_client_security_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable (the contract)")
 
     p = sub.add_parser("incidents", help="stored incidents")

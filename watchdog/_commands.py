@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from watchdog import _env
+from watchdog._auth import ClientSecurity, client_security, server_security
 from watchdog._errors import UsageError, WatchdogError
 from watchdog._stall import StallPolicy
 from watchdog._store import IncidentStore, default_db_path
@@ -26,6 +27,10 @@ def stall_policy(args: argparse.Namespace) -> StallPolicy:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, not {value}")
     return StallPolicy(floor=args.stall_floor, k=args.stall_k, warmup=args.stall_warmup,
                        fixed=args.stall_timeout)
+
+
+def _client_security(args: argparse.Namespace) -> ClientSecurity:
+    return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
 
 
 def _color(stream: Any) -> bool:
@@ -68,7 +73,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be positive, not {args.interval}")
     node = args.node_name or socket.gethostname().split(".")[0]
     beacon_dir = args.beacon_dir or _env.beacon_dir()
-    agent = Agent(args.coordinator, beacon_dir, node, args.interval)
+    agent = Agent(args.coordinator, beacon_dir, node, args.interval,
+                  security=_client_security(args))
     print(f"watchdog agent {node}: beacons in {beacon_dir}, coordinator {args.coordinator}",
           file=sys.stderr, flush=True)
     asyncio.run(_serve_until_signal(agent.run))
@@ -79,11 +85,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from watchdog._coordinator import Coordinator
     from watchdog._rpc import start_server
 
-    store = IncidentStore(args.db or default_db_path())
+    if args.keep <= 0 or args.keep_days <= 0:
+        raise UsageError("--keep and --keep-days must be positive")
+    security = server_security(args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca)
+    store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
     coordinator = Coordinator(store, stall_policy(args))
 
     async def serve(stop: asyncio.Event) -> None:
-        server, port = await start_server(coordinator, args.listen)
+        server, port = await start_server(coordinator, args.listen, security)
         print(f"watchdog coordinator listening on {args.listen} (port {port}), "
               f"incidents in {store.path}", file=sys.stderr, flush=True)
         try:
@@ -103,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from watchdog._rpc import CoordinatorClient
 
     async def fetch() -> str:
-        client = CoordinatorClient(args.coordinator)
+        client = CoordinatorClient(args.coordinator, _client_security(args))
         try:
             return await client.status_json()
         finally:

@@ -120,10 +120,16 @@ class Coordinator:
             verdict = decide(snapshot)
             if verdict is None:
                 return  # progress resumed while the stacks were taken
+            if job.stacks_only and job.stacks_moved(stacks):
+                return  # no hook: a changed stack was the only sign of progress, and here it is
             nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
             incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now, nccl_logs)
+            stored = self._stored_twin(incident)
+            job.incident, job.incident_events = stored or incident, job.events_total()
+            if stored is not None:
+                log.info("incident %s was stored before a restart; not repeating it", stored["id"])
+                return
             self.store.add(incident)
-            job.incident, job.incident_events = incident, job.events_total()
             log.info("incident %s: %s", incident["id"], incident["summary"])
             for listener in self.listeners:
                 listener(incident)
@@ -131,6 +137,16 @@ class Coordinator:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
             job.evaluating = False
+
+    def _stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored incident of the same hang (job, kind, culprits, collective), if any: a
+        coordinator restarted mid-hang must not report it twice."""
+        key = ("kind", "culprit_ranks", "collective")
+        latest = self.store.latest_json(incident["job_id"])
+        if latest is None:
+            return None
+        stored: dict[str, Any] = json.loads(latest)
+        return stored if all(stored[k] == incident[k] for k in key) else None
 
     async def gather_stacks(self, job: JobView, ranks: tuple[int, ...]) -> dict[int, RankStack]:
         """Ask each node's agent for its ranks' stacks; wait a bounded time for each."""

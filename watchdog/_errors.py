@@ -54,3 +54,10 @@ class CoordinatorUnreachableError(WatchdogError):
 
 class MessageRejectedError(WatchdogError):
     """A gRPC message failed validation."""
+
+
+class AuthError(WatchdogError):
+    """The coordinator refused a call: the token was missing or wrong."""
+
+    hint = ("pass the coordinator's token with --token-file FILE (or $WATCHDOG_TOKEN); "
+            "the file must be readable by its owner only")

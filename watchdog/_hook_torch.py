@@ -101,6 +101,8 @@ class TorchPatches:
         self._replace(dist, c10d, "init_process_group", self._after(c10d.init_process_group,
                                                                     self._on_init))
         self._replace(dist, c10d, "new_group", self._after(c10d.new_group, self.slot))
+        if dist.is_initialized():  # installed by hand, after init_process_group
+            self._on_init(None)
 
     @staticmethod
     def _replace(dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:

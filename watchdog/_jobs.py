@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog._model import JobSnapshot, Kind, RankStack, RankState
+from watchdog._model import Frame, JobSnapshot, Kind, RankStack, RankState
 from watchdog._stall import ProgressTracker, StallPolicy
 
 WARM_EVENTS = 8
@@ -20,6 +20,9 @@ class JobView:
     incident: dict[str, Any] | None = None
     incident_events: int = -1  # events total when the open incident fired
     evaluating: bool = False
+    # Stacks-only jobs (no hook) progress when their stacks change between two looks.
+    stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
+    probe_progress: int = 0
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -33,16 +36,32 @@ class JobView:
         return max((r.world_size for r in self.ranks.values()), default=0)
 
     def events_total(self) -> int:
-        return sum(r.events for r in self.ranks.values())
+        return sum(r.events for r in self.ranks.values()) + self.probe_progress
+
+    @property
+    def stacks_only(self) -> bool:
+        return bool(self.ranks) and not any(r.hooked for r in self.ranks.values())
+
+    def stacks_moved(self, stacks: dict[int, RankStack]) -> bool:
+        """Whether any rank's stack differs from the last look (the first look counts as a
+        move); a move is recorded as progress."""
+        probe = {rank: stack.frames for rank, stack in stacks.items()}
+        if probe == self.stack_probe:
+            return False
+        self.stack_probe = probe
+        self.probe_progress += 1
+        return True
 
     def grace(self) -> float:
         """Extra patience beyond the stall threshold: the warm-up, or a declared phase's timeout.
 
-        The warm-up lasts until every rank finished a step (or recorded WARM_EVENTS events, for
-        loops without an optimizer): the first steps import, compile and allocate in silence,
-        even under a fixed --stall-timeout.
+        The warm-up lasts until every hooked rank finished a step (or recorded WARM_EVENTS
+        events, for loops without an optimizer): the first steps import, compile and allocate in
+        silence, even under a fixed --stall-timeout. Ranks without a hook count no steps; their
+        progress is judged from their stacks instead.
         """
-        warming_up = any(r.steps == 0 and r.events < WARM_EVENTS for r in self.ranks.values())
+        warming_up = any(r.hooked and r.steps == 0 and r.events < WARM_EVENTS
+                         for r in self.ranks.values())
         phases = (r.phase_timeout for r in self.ranks.values()
                   if r.alive and r.phase and r.phase_age < r.phase_timeout)
         return max([self.policy.warmup if warming_up else 0.0, *phases])

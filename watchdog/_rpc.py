@@ -1,21 +1,24 @@
 """gRPC transport (grpc.aio) between agents, coordinator and `watchdog status`.
 
 Messages cross this module only as `_model` dataclasses: `_wire` converts at the boundary, and a
-message that fails validation is logged and dropped without ending the stream.
+message that fails validation is logged and dropped without ending the stream. Bytes that are not
+a protobuf message at all end their call with INVALID_ARGUMENT. Tokens and TLS: `_auth`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from watchdog import _wire
-from watchdog._errors import CoordinatorUnreachableError, MessageRejectedError
+from watchdog._auth import ClientSecurity, Handler, ServerSecurity, TokenCheck, is_loopback
+from watchdog._errors import AuthError, CoordinatorUnreachableError, MessageRejectedError
 from watchdog._model import NodeReport, StackReply, StackRequest
 from watchdog._proto import watchdog_pb2 as pb
 from watchdog._proto import watchdog_pb2_grpc as pb_grpc
@@ -28,8 +31,17 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", _wire.MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _wire.MAX_MESSAGE_BYTES),
 ]
+# The coordinator ends a call whose request is larger than this with RESOURCE_EXHAUSTED before
+# buffering it whole. Stated here rather than left to gRPC's default (4 MiB), which a node
+# report of many ranks with stacks can pass.
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", _wire.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _wire.MAX_MESSAGE_BYTES),
+]
 
 AgentMessage = NodeReport | StackReply
+Context = grpc.aio.ServicerContext[Any, Any]
+NOT_A_MESSAGE = "not a protobuf message of the expected type"
 
 
 SESSION_OUTBOX = 64
@@ -73,6 +85,7 @@ class _Servicer(pb_grpc.CoordinatorServicer):
                     yield _wire.stack_request_to_pb(request.result())
                 else:
                     request.cancel()
+            await reader  # raises what ended the reading: an abort ends the call with its status
         finally:
             reader.cancel()
             self._handler.close_session(session)
@@ -95,14 +108,71 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         return _wire.status_reply_to_pb(self._handler.status_json(job_id))
 
 
-async def start_server(handler: CoordinatorHandler, address: str) -> tuple[grpc.aio.Server, int]:
-    """Serve on `address` (HOST:PORT, or unix:PATH); returns the server and the bound port."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+class _RejectUnparsable(grpc.aio.ServerInterceptor):
+    """A request that is not a protobuf message at all ends its call with INVALID_ARGUMENT and
+    one log line, where gRPC would answer UNKNOWN and log a traceback."""
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+            details: grpc.HandlerCallDetails) -> Handler | None:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+        unary: Any = handler.unary_unary
+        stream: Any = handler.stream_stream
+
+        async def unary_call(raw: bytes, context: Context) -> Any:
+            return await unary(await _parse(parse, raw, context), context)
+
+        async def stream_call(raws: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
+            async for reply in stream(_parse_each(parse, raws, context), context):
+                yield reply
+
+        if unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                unary_call, response_serializer=handler.response_serializer)
+        if stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                stream_call, response_serializer=handler.response_serializer)
+        return handler
+
+
+async def _parse(parse: Callable[[bytes], Any], raw: bytes, context: Context) -> Any:
+    try:
+        return parse(raw)
+    except DecodeError:
+        log.warning("rejected %d bytes from %s: not a protobuf message", len(raw), context.peer())
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_A_MESSAGE)
+
+
+async def _parse_each(parse: Callable[[bytes], Any], raws: AsyncIterator[bytes],
+                      context: Context) -> AsyncIterator[Any]:
+    async for raw in raws:
+        yield await _parse(parse, raw, context)
+
+
+async def start_server(handler: CoordinatorHandler, address: str,
+                       security: ServerSecurity | None = None) -> tuple[grpc.aio.Server, int]:
+    """Serve on `address` (HOST:PORT, or unix:PATH: plaintext whatever `security` says);
+    returns the server and the bound port."""
+    security = security or ServerSecurity()
+    # The token is checked first, so a caller without it never gets a byte parsed.
+    interceptors: list[grpc.aio.ServerInterceptor] = [_RejectUnparsable()]
+    if security.token:
+        interceptors.insert(0, TokenCheck(security.token))
+    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
-    port = server.add_insecure_port(address)
+    if security.credentials is None or address.startswith("unix:"):
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, security.credentials)
     if port == 0 and not address.startswith("unix:"):
         raise CoordinatorUnreachableError(f"cannot listen on {address}",
                                           hint="is another coordinator using that port?")
+    if security.token is None and not is_loopback(address):
+        log.warning("listening on %s without a token: anyone who reaches it can send reports "
+                    "and read jobs; pass --token-file", address)
     await server.start()
     return server, port
 
@@ -110,9 +180,15 @@ async def start_server(handler: CoordinatorHandler, address: str) -> tuple[grpc.
 class CoordinatorClient:
     """An agent's or a CLI's connection to one coordinator."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
+        security = security or ClientSecurity()
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._metadata = security.metadata()
+        if security.credentials is None or address.startswith("unix:"):
+            self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.secure_channel(address, security.credentials,
+                                                    options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
 
     async def close(self) -> None:
@@ -120,23 +196,34 @@ class CoordinatorClient:
 
     async def status_json(self, job_id: str = "", timeout: float = 10.0) -> str:
         try:
-            reply = await self._stub.Status(_wire.status_request_to_pb(job_id), timeout=timeout)
+            reply = await self._stub.Status(_wire.status_request_to_pb(job_id), timeout=timeout,
+                                            metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise self._refused(e) from e
             raise CoordinatorUnreachableError(
                 f"coordinator at {self.address}: {e.details() or e.code().name}") from e
         return _wire.status_reply_from_pb(reply)
 
     async def connect(self, outgoing: AsyncIterator[AgentMessage]) -> AsyncIterator[StackRequest]:
         """Stream `outgoing` to the coordinator; yields the requests it sends back."""
-        call = self._stub.Connect(_agent_messages_to_pb(outgoing))
-        async for message in call:
-            try:
-                request = _wire.coordinator_message_from_pb(message)
-            except MessageRejectedError as e:
-                log.warning("rejected a message from the coordinator: %s", e)
-                continue
-            if request is not None:
-                yield request
+        call = self._stub.Connect(_agent_messages_to_pb(outgoing), metadata=self._metadata)
+        try:
+            async for message in call:
+                try:
+                    request = _wire.coordinator_message_from_pb(message)
+                except MessageRejectedError as e:
+                    log.warning("rejected a message from the coordinator: %s", e)
+                    continue
+                if request is not None:
+                    yield request
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise self._refused(e) from e
+            raise
+
+    def _refused(self, e: grpc.aio.AioRpcError) -> AuthError:
+        return AuthError(f"coordinator at {self.address} refused the call: {e.details()}")
 
 
 async def _agent_messages_to_pb(

@@ -15,6 +15,8 @@ from typing import Any
 from watchdog._errors import WatchdogError
 
 DB_ENV = "WATCHDOG_DB"
+KEEP_COUNT = 10_000
+KEEP_DAYS = 90.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -25,6 +27,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at);
+CREATE INDEX IF NOT EXISTS incidents_job ON incidents (job_id, detected_at);
 """
 
 
@@ -44,8 +47,13 @@ def incident_json(incident: dict[str, Any]) -> str:
 
 
 class IncidentStore:
-    def __init__(self, path: str) -> None:
+    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`."""
+
+    def __init__(self, path: str, keep_count: int = KEEP_COUNT,
+                 keep_days: float = KEEP_DAYS) -> None:
         self.path = path
+        self.keep_count = keep_count
+        self.keep_days = keep_days
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None)
@@ -62,12 +70,28 @@ class IncidentStore:
             "VALUES (?, ?, ?, ?, ?)",
             (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
              incident_json(incident)))
+        self.prune(now=float(incident["detected_at"]))
+
+    def prune(self, now: float) -> None:
+        """Drop incidents beyond the retention limits (older ones first)."""
+        self._db.execute("DELETE FROM incidents WHERE detected_at < ?",
+                         (now - self.keep_days * 86400,))
+        self._db.execute(
+            "DELETE FROM incidents WHERE id NOT IN "
+            "(SELECT id FROM incidents ORDER BY detected_at DESC LIMIT ?)", (self.keep_count,))
 
     def list_json(self, limit: int = 100) -> list[str]:
         """Stored incident texts, newest first."""
         rows = self._db.execute(
             "SELECT body FROM incidents ORDER BY detected_at DESC LIMIT ?", (limit,))
         return [body for (body,) in rows]
+
+    def latest_json(self, job_id: str) -> str | None:
+        """The newest incident of one job."""
+        row = self._db.execute(
+            "SELECT body FROM incidents WHERE job_id = ? ORDER BY detected_at DESC LIMIT 1",
+            (job_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def get_json(self, incident_id: str) -> str | None:
         row = self._db.execute("SELECT body FROM incidents WHERE id = ?", (incident_id,)).fetchone()

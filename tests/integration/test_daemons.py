@@ -1,5 +1,5 @@
-"""Agent and coordinator as separate processes on loopback, a job started by `watchdog launch`,
-and `watchdog status` reading the verdict back over gRPC."""
+"""Agent and coordinator as separate processes on loopback, jobs started by `watchdog launch` or
+by plain torchrun (no hook), and `watchdog status` / `watchdog incidents` reading the results."""
 
 from __future__ import annotations
 
@@ -19,35 +19,50 @@ from watchdog._demo.run_demo import free_port, torchrun_command
 
 WATCHDOG = [sys.executable, "-m", "watchdog"]
 DIAGNOSIS_DEADLINE_S = 120
+JOB_ID = "daemons-test-job"
 
 
-def _stop(proc: subprocess.Popen[str]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    out, _ = proc.communicate()
-    return out
+class Daemons:
+    """One coordinator and one agent, each of which a test may kill and restart."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self.env = job_env(tmp_path)
+        self.logs: list[str] = []
+        self.coordinator = self.start_coordinator()
+        self.agent = self._spawn("agent", "--coordinator", self.address, "--interval", "0.25",
+                                 "--node-name", "node-a")
+
+    def _spawn(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*WATCHDOG, *args], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def start_coordinator(self) -> subprocess.Popen[str]:
+        return self._spawn("coordinator", "--listen", self.address, "--stall-timeout", "3")
+
+    def kill_coordinator(self) -> None:
+        self.coordinator.kill()  # SIGKILL: no chance to clean up
+        self.logs.append(self.coordinator.communicate()[0])
+
+    def stop(self) -> None:
+        for proc in (self.agent, self.coordinator):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            self.logs.append(proc.communicate()[0])
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[str]:
-    address = f"127.0.0.1:{free_port()}"
-    env = job_env(tmp_path)
-    coordinator = subprocess.Popen(
-        [*WATCHDOG, "-v", "coordinator", "--listen", address, "--stall-timeout", "3"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    agent = subprocess.Popen(
-        [*WATCHDOG, "-v", "agent", "--coordinator", address, "--interval", "0.25",
-         "--node-name", "node-a"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def daemons(tmp_path: Path) -> Iterator[Daemons]:
+    d = Daemons(tmp_path)
     try:
-        yield address
+        yield d
     finally:
-        agent_log, coordinator_log = _stop(agent), _stop(coordinator)
-        print("--- agent ---\n" + agent_log + "\n--- coordinator ---\n" + coordinator_log)
+        d.stop()
+        print("\n---\n".join(d.logs))
 
 
 def status(address: str) -> dict[str, Any] | None:
@@ -58,28 +73,51 @@ def status(address: str) -> dict[str, Any] | None:
 
 
 def wait_for_verdict(address: str) -> dict[str, Any]:
+    """The view of this test's job once it has a verdict (the agent sees every torchrun job on
+    the machine; this one is known by its WATCHDOG_JOB_ID)."""
     deadline = time.monotonic() + DIAGNOSIS_DEADLINE_S
     while time.monotonic() < deadline:
         jobs = (status(address) or {"jobs": []})["jobs"]
-        if jobs and jobs[0]["verdict"] is not None:
-            return jobs[0]
+        ours = [job for job in jobs if job["job_id"] == JOB_ID]
+        if ours and ours[0]["verdict"] is not None:
+            return ours[0]
         time.sleep(1)
     raise AssertionError(f"no verdict within {DIAGNOSIS_DEADLINE_S}s: {status(address)}")
 
 
-def test_separate_daemons_diagnose_a_launched_job(daemons: str, tmp_path: Path) -> None:
-    job = subprocess.Popen(
-        [*WATCHDOG, "launch", "--", *torchrun_command(
-            4, "--fault", "data_stall", "--fault-rank", "2", "--fault-step", "4")],
-        env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+def start_job(tmp_path: Path, *prefix: str) -> subprocess.Popen[str]:
+    """The demo job with rank 2 stuck in its data pipeline; `prefix` may inject the hook."""
+    cmd = [*prefix, *torchrun_command(4, "--fault", "data_stall", "--fault-rank", "2",
+                                      "--fault-step", "4")]
+    return subprocess.Popen(cmd, env={**job_env(tmp_path), "WATCHDOG_JOB_ID": JOB_ID},
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def end_job(job: subprocess.Popen[str]) -> None:
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+
+
+def incidents_json(tmp_path: Path) -> str:
+    return subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def culprit_functions(verdict: dict[str, Any]) -> list[str]:
+    (culprit,) = verdict["culprit_ranks"]
+    row = next(r for r in verdict["ranks"] if r["rank"] == culprit)
+    return [f["function"] for f in row["stack"]]
+
+
+def test_separate_daemons_diagnose_a_launched_job(daemons: Daemons, tmp_path: Path) -> None:
+    job = start_job(tmp_path, *WATCHDOG, "launch", "--")
     try:
-        view = wait_for_verdict(daemons)
-        human = subprocess.run([*WATCHDOG, "status", "--coordinator", daemons],
+        view = wait_for_verdict(daemons.address)
+        human = subprocess.run([*WATCHDOG, "status", "--coordinator", daemons.address],
                                capture_output=True, text=True, timeout=30, check=True).stdout
     finally:
-        job.send_signal(signal.SIGTERM)
-        job.communicate(timeout=60)
+        end_job(job)
     verdict = view["verdict"]
     assert view["state"] == "HUNG"
     assert view["world_size"] == 4
@@ -87,12 +125,43 @@ def test_separate_daemons_diagnose_a_launched_job(daemons: str, tmp_path: Path) 
     assert verdict["kind"] == "MISSING_RANKS"
     assert verdict["culprit_ranks"] == [2]
     assert verdict["collective"]["op"] == "all_reduce"
-    culprit = next(r for r in verdict["ranks"] if r["rank"] == 2)
-    assert "read_sample_from_storage" in [f["function"] for f in culprit["stack"]]
+    assert "read_sample_from_storage" in culprit_functions(verdict)
     assert sorted(r["rank"] for r in view["ranks"]) == [0, 1, 2, 3]
     assert "HUNG" in human
     assert "rank 2 (stuck in read_sample_from_storage at train.py:" in human
     assert "never reached all_reduce #" in human
+
+
+def test_job_without_hook_is_diagnosed_from_stacks(daemons: Daemons, tmp_path: Path) -> None:
+    job = start_job(tmp_path)  # plain torchrun: the agent finds the workers in /proc
+    try:
+        view = wait_for_verdict(daemons.address)
+    finally:
+        end_job(job)
+    verdict = view["verdict"]
+    assert verdict["culprit_ranks"] == [2]
+    assert verdict["kind"] in ("MISSING_RANKS", "RANK_STALLED")
+    assert verdict["waiting_ranks"] == [0, 1, 3]
+    assert "read_sample_from_storage" in culprit_functions(verdict)
+    assert all(r["last_collective"] is None for r in verdict["ranks"])  # no hook: no counters
+
+
+def test_coordinator_killed_mid_hang_keeps_the_incident_once(daemons: Daemons,
+                                                             tmp_path: Path) -> None:
+    job = start_job(tmp_path, *WATCHDOG, "launch", "--")
+    try:
+        first = wait_for_verdict(daemons.address)["verdict"]
+        stored_before = incidents_json(tmp_path)
+        daemons.kill_coordinator()
+        daemons.coordinator = daemons.start_coordinator()
+        again = wait_for_verdict(daemons.address)["verdict"]  # the agent reconnected, resent
+    finally:
+        end_job(job)
+    assert again == first
+    stored_after = incidents_json(tmp_path)
+    assert stored_after == stored_before  # byte-identical across the restart
+    (stored,) = json.loads(stored_after)
+    assert stored == first
 
 
 def test_status_without_coordinator_fails_clearly(tmp_path: Path) -> None:

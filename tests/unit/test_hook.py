@@ -169,6 +169,22 @@ def test_forked_child_never_writes_the_rank_beacon(tmp_path: Path) -> None:
     assert run.stdout.split() == ["False", "0", str(EXIT_RUNNING)], run.stderr
 
 
+def test_install_by_hand_after_torch_is_set_up(tmp_path: Path) -> None:
+    code = ("import torch, torch.distributed as dist, watchdog\n"
+            "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+            "print(watchdog.install())\n"
+            "dist.all_reduce(torch.ones(1), group=dist.new_group([0]))\n"
+            "dist.destroy_process_group()")
+    env = hooked_env(tmp_path, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(free_port()))
+    env["PYTHONPATH"] = str(REPO)  # no boot: the script installs the hook itself
+    run = run_python(code, env)
+    assert run.stdout.split() == ["True"], run.stderr
+    (snap,) = beacons(tmp_path).values()
+    assert [(g.name, g.ranks, g.op, g.entered_seq, g.completed_seq) for g in snap.groups] == [
+        ("0", (0,), "", 0, 0), ("1", (0,), "all_reduce", 1, 1)]
+
+
 def test_boot_never_stops_the_program_and_runs_the_sitecustomize_it_shadows(
         tmp_path: Path) -> None:
     shadowed = tmp_path / "site"

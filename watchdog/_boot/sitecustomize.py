@@ -23,8 +23,8 @@ def _install_hook() -> None:
 
 
 def _run_shadowed_sitecustomize() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
     try:
         spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
         if spec is None or spec.loader is None:
