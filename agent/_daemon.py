@@ -19,6 +19,7 @@ import grpc
 from agent import _stacks
 from agent._logtail import read_tail, relevant_lines
 from agent._workers import Worker, WorkerTable, rank_state
+from watchdog._auth import ClientSecurity
 from watchdog._errors import WatchdogError
 from watchdog._model import NodeReport, RankStack, StackReply, StackRequest
 from watchdog._rpc import AgentMessage, CoordinatorClient
@@ -31,8 +32,9 @@ MAX_BACKOFF_S = 10.0
 
 class Agent:
     def __init__(self, coordinator: str, beacon_dir: str, node: str, interval: float = 1.0,
-                 scan_unhooked: bool = True) -> None:
+                 scan_unhooked: bool = True, security: ClientSecurity | None = None) -> None:
         self.coordinator = coordinator
+        self.security = security
         self.node = node
         self.interval = interval
         self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
@@ -78,7 +80,7 @@ class Agent:
         self._outbox.put_nowait(message)
 
     async def _session(self, stop: asyncio.Event) -> None:
-        client = CoordinatorClient(self.coordinator)
+        client = CoordinatorClient(self.coordinator, self.security)
         served: set[asyncio.Task[None]] = set()
         try:
             async for request in client.connect(self._outgoing(stop)):

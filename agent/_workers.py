@@ -147,8 +147,8 @@ class WorkerTable:
                 _procfs.read_cmdline(stat.ppid, self._proc)):
             return None
         env = _procfs.read_environ(pid, self._proc)
-        if env is None or not _env.is_torchrun_worker(env):
-            return None
+        if env is None or not _env.is_torchrun_worker(env) or env.get(_env.AUTOINSTALL) == "1":
+            return None  # not a worker, or a hooked one: its beacon (here or elsewhere) tells
         return Worker(_env.job_id(env), _env.int_env(env, "RANK", 0),
                       _env.int_env(env, "LOCAL_RANK", 0), _env.int_env(env, "WORLD_SIZE", 1),
                       os.uname().nodename.split(".")[0], pid, stat.start_ticks, verified=True,

@@ -57,13 +57,13 @@ def server_security(token_file: str | None, cert: str | None, key: str | None,
     """From the coordinator's --token-file, --tls-cert, --tls-key and --tls-client-ca."""
     if (cert is None) != (key is None) or (client_ca is not None and cert is None):
         raise UsageError("TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)")
+    token = load_token(token_file)
     if cert is None or key is None:
-        return ServerSecurity(load_token(token_file))
+        return ServerSecurity(token)
     chain, private_key = _read_key_pair(cert, key)
-    ca = _read_ca(client_ca) if client_ca is not None else None
-    credentials = grpc.ssl_server_credentials(
-        [(private_key, chain)], root_certificates=ca, require_client_auth=ca is not None)
-    return ServerSecurity(load_token(token_file), credentials)
+    ca = None if client_ca is None else _read_certificates(client_ca, "client CA certificate")
+    return ServerSecurity(token, grpc.ssl_server_credentials(
+        [(private_key, chain)], root_certificates=ca, require_client_auth=ca is not None))
 
 
 def client_security(token_file: str | None, ca: str | None, cert: str | None,
@@ -71,12 +71,12 @@ def client_security(token_file: str | None, ca: str | None, cert: str | None,
     """From an agent's or `watchdog status`'s --token-file, --tls-ca, --tls-cert and --tls-key."""
     if (cert is None) != (key is None) or (cert is not None and ca is None):
         raise UsageError("a client certificate needs --tls-cert, --tls-key and --tls-ca")
+    token = load_token(token_file)
     if ca is None:
-        return ClientSecurity(load_token(token_file))
+        return ClientSecurity(token)
     chain, private_key = _read_key_pair(cert, key) if cert and key else (None, None)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read_ca(ca), private_key=private_key, certificate_chain=chain)
-    return ClientSecurity(load_token(token_file), credentials)
+    return ClientSecurity(token, grpc.ssl_channel_credentials(
+        _read_certificates(ca, "CA certificate"), private_key, chain))
 
 
 def load_token(path: str | None) -> str | None:
@@ -86,7 +86,7 @@ def load_token(path: str | None) -> str | None:
         return None if value is None else _check_token(value, f"${TOKEN_ENV}")
     try:
         mode = os.stat(path).st_mode
-        if mode & (stat.S_IRWXO):
+        if mode & stat.S_IRWXO:
             raise UsageError(f"token file {path} is accessible to every user ({mode & 0o777:o})",
                              hint=_CHMOD_HINT.format(path=path))
         with open(path, encoding="ascii", errors="replace") as f:
@@ -118,29 +118,28 @@ def _read(path: str, what: str) -> bytes:
     return data
 
 
-def _no_password() -> bytes:
-    raise UsageError("the TLS key is encrypted; gRPC needs it unencrypted",
-                     hint="decrypt it with `openssl pkey -in KEY -out KEY.plain`, then chmod 600")
-
-
 def _read_key_pair(cert: str, key: str) -> tuple[bytes, bytes]:
     """Certificate chain and private key, checked to parse and to belong together."""
-    chain, private_key = _read(cert, "certificate"), _read(key, "key")
+    chain, private_key = _read_certificates(cert, "certificate"), _read(key, "key")
+
+    def no_password() -> bytes:  # else OpenSSL would prompt for one on the terminal
+        raise UsageError(f"key {key} is encrypted; gRPC needs it unencrypted",
+                         hint=f"`openssl pkey -in {key} -out PLAIN.key`, then chmod 600 it")
+
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, _no_password)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, no_password)
     except ssl.SSLError as e:
-        raise UsageError(f"cannot use certificate {cert} with key {key}: {e.reason or e}",
-                         hint="check that both are PEM and that the key is the certificate's"
-                         ) from e
+        raise UsageError(f"key {key} does not go with certificate {cert}: {e.reason or e}",
+                         hint="pass the certificate's own private key, PEM, unencrypted") from e
     return chain, private_key
 
 
-def _read_ca(path: str) -> bytes:
-    data = _read(path, "CA certificate")
+def _read_certificates(path: str, what: str) -> bytes:
+    data = _read(path, what)
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii"))
     except (ssl.SSLError, UnicodeDecodeError) as e:
-        raise UsageError(f"CA certificate {path} does not parse: {e}", hint=_PEM_HINT) from e
+        raise UsageError(f"{what} {path} does not parse: {e}", hint=_PEM_HINT) from e
     return data
 
 

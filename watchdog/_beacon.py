@@ -4,8 +4,10 @@ Written by the hook inside the training process (one writer), read by the agent 
 Stdlib only: the hook imports this module. Consistency between the two processes comes from a
 seqlock: the writer makes the sequence counter odd, writes, and makes it even again; a reader
 retries until it copied the record between two identical even counter values. The heartbeat
-sits outside the seqlock because the liveness thread writes it, and an aligned 8-byte store
-cannot tear.
+and each group's completed seq sit outside the seqlock: each is one aligned 8-byte store, which
+cannot tear. Those stores, and the counter's, go through a memoryview: `struct.pack_into` zeroes
+its target before writing it byte by byte, so a reader could catch a 0 there. The layout is
+little-endian; the writer refuses a big-endian host, where the native stores would disagree.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import mmap
 import os
 import re
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +33,6 @@ MAX_WORLD = 1 << 20  # a larger world size in a beacon is corruption, not a job
 EXIT_RUNNING, EXIT_CLEAN, EXIT_EXCEPTION = 0, 1, 2
 
 _HEADER = struct.Struct("<8sII")  # magic, version, total size
-_SEQ = struct.Struct("<Q")
 _HEARTBEAT = struct.Struct("<d")
 _IDENTITY = struct.Struct("<iiiid64s64s")  # pid, rank, local_rank, world, created_at, job, host
 # steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started, phase_timeout
@@ -116,6 +118,8 @@ class BeaconWriter:
     """The single writer of one rank's beacon. Not for forked children: see `_hook`."""
 
     def __init__(self, path: str, identity: Identity) -> None:
+        if sys.byteorder != "little":
+            raise BeaconError("beacons are little-endian; this host is not")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, SIZE)
@@ -123,6 +127,8 @@ class BeaconWriter:
         finally:
             os.close(fd)
         self.path = path
+        self._words = memoryview(self._mm).cast("Q")  # aligned 8-byte stores
+        self._doubles = memoryview(self._mm).cast("d")
         self._lock = threading.Lock()
         self._seq = 0
         self._slots: dict[str, int] = {}
@@ -132,11 +138,11 @@ class BeaconWriter:
 
     def _begin(self) -> None:
         self._seq += 1
-        _SEQ.pack_into(self._mm, OFF_SEQ, self._seq)
+        self._words[OFF_SEQ // 8] = self._seq
 
     def _end(self) -> None:
         self._seq += 1
-        _SEQ.pack_into(self._mm, OFF_SEQ, self._seq)
+        self._words[OFF_SEQ // 8] = self._seq
 
     def write_identity(self, identity: Identity) -> None:
         with self._lock:
@@ -173,17 +179,17 @@ class BeaconWriter:
     # enter() and complete() run once per collective: written flat, for about 1 us per event.
     def enter(self, slot: int, op: bytes, now: float) -> int:
         """Record that this rank entered the next collective of group `slot`; returns its seq."""
-        lock, mm = self._lock, self._mm
+        lock, words = self._lock, self._words
         lock.acquire()
         try:
             seq = self._entered[slot] + 1
             self._entered[slot] = seq
             self._seq += 1
-            _SEQ.pack_into(mm, OFF_SEQ, self._seq)
-            _ENTERED.pack_into(mm, OFF_GROUPS + slot * GROUP_SLOT_SIZE + _GROUP_META.size,
+            words[OFF_SEQ // 8] = self._seq
+            _ENTERED.pack_into(self._mm, OFF_GROUPS + slot * GROUP_SLOT_SIZE + _GROUP_META.size,
                                op, seq, now)
             self._seq += 1
-            _SEQ.pack_into(mm, OFF_SEQ, self._seq)
+            words[OFF_SEQ // 8] = self._seq
         finally:
             lock.release()
         return seq
@@ -191,7 +197,7 @@ class BeaconWriter:
     def complete(self, slot: int, seq: int) -> None:
         """One aligned 8-byte store, outside the seqlock like the heartbeat: a reader pairs any
         completed value with an entered one written before it, which is always consistent."""
-        _SEQ.pack_into(self._mm, OFF_GROUPS + slot * GROUP_SLOT_SIZE + OFF_COMPLETED, seq)
+        self._words[(OFF_GROUPS + slot * GROUP_SLOT_SIZE + OFF_COMPLETED) // 8] = seq
 
     def step(self, steps: int, now: float) -> None:
         with self._lock:
@@ -212,9 +218,11 @@ class BeaconWriter:
             self._end()
 
     def heartbeat(self, now: float) -> None:
-        _HEARTBEAT.pack_into(self._mm, OFF_HEARTBEAT, now)
+        self._doubles[OFF_HEARTBEAT // 8] = now
 
     def close(self) -> None:
+        self._words.release()
+        self._doubles.release()
         self._mm.close()
 
 
@@ -254,14 +262,15 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 1000) -> BeaconSnapshot:
     if version != VERSION or recorded_size != SIZE:
         raise BeaconError(f"beacon version {version} size {recorded_size}; this reader knows "
                           f"version {VERSION} size {SIZE}")
-    for _ in range(attempts):
-        before = _SEQ.unpack_from(buf, OFF_SEQ)[0]
-        if not before & 1:
-            data = bytes(buf[:SIZE])
-            if _SEQ.unpack_from(buf, OFF_SEQ)[0] == before:
-                return _parse(data)
-        # The writer is mid-record; on a busy node it may be descheduled there: let it run.
-        time.sleep(0)
+    with memoryview(buf) as view, view[:SIZE] as head, head.cast("Q") as words:
+        for _ in range(attempts):
+            before = words[OFF_SEQ // 8]
+            if not before & 1:
+                data = bytes(head)
+                if words[OFF_SEQ // 8] == before:
+                    return _parse(data)
+            # The writer is mid-record; on a busy node it may be descheduled there: let it run.
+            time.sleep(0)
     raise BeaconError(f"beacon kept changing during {attempts} read attempts")
 
 

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 STACK_WAIT_S = 10.0
 MAX_JOBS = 4096
+NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
+SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 
 IncidentListener = Callable[[dict[str, Any]], None]
 
@@ -41,6 +43,8 @@ class Coordinator:
         self.jobs: dict[str, JobView] = {}
         self.listeners: list[IncidentListener] = []
         self._sessions: set[AgentSession] = set()
+        self._node_seen: dict[str, float] = {}
+        self._node_interval: dict[str, float] = {}
         self._pending: dict[int, asyncio.Future[StackReply]] = {}
         self._request_ids = itertools.count(1)
 
@@ -72,6 +76,12 @@ class Coordinator:
 
     # -- state --
     def ingest(self, report: NodeReport) -> None:
+        now = time.time()
+        previous = self._node_seen.get(report.node)
+        if previous is not None:  # a smoothed report interval, for how long silence may last
+            interval = self._node_interval.get(report.node, now - previous)
+            self._node_interval[report.node] = 0.8 * interval + 0.2 * (now - previous)
+        self._node_seen[report.node] = now
         for state in report.ranks:
             job = self.jobs.get(state.job_id)
             if job is None:
@@ -99,6 +109,24 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.tick)
 
+    def node_silence(self, node: str, now: float) -> tuple[bool, bool]:
+        """(silent, unreachable): silent after a few missed reports (an agent restarting),
+        unreachable after NODE_TIMEOUT_S."""
+        age = now - self._node_seen.get(node, now)
+        silent = age > max(SILENT_INTERVALS * self._node_interval.get(node, 1.0), 1.0)
+        return silent, age > NODE_TIMEOUT_S
+
+    def _unreachable(self, job: JobView, now: float) -> tuple[str, ...] | None:
+        """The job's unreachable nodes, or None while one is silent but not yet unreachable."""
+        unreachable = []
+        for node in sorted(set(job.nodes.values())):
+            silent, lost = self.node_silence(node, now)
+            if silent and not lost:
+                return None
+            if lost:
+                unreachable.append(node)
+        return tuple(unreachable)
+
     def evaluate_all(self) -> list[asyncio.Task[None]]:
         now = time.time()
         tasks = []
@@ -106,17 +134,20 @@ class Coordinator:
             job.observe(now)
             if job.evaluating or job.incident_open or (job.done and job.incident is not None):
                 continue
-            if decide(job.snapshot(now)) is not None:
+            unreachable = self._unreachable(job, now)
+            if unreachable is None:
+                continue  # a node missed a few reports: its ranks' state is not known yet
+            if decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
                 job.evaluating = True
-                tasks.append(asyncio.create_task(self._diagnose(job)))
+                tasks.append(asyncio.create_task(self._diagnose(job, unreachable)))
         return tasks
 
-    async def _diagnose(self, job: JobView) -> None:
+    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...]) -> None:
         try:
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             stacks = await self.gather_stacks(job, live)
             now = time.time()
-            snapshot = job.snapshot(now, stacks)
+            snapshot = job.snapshot(now, stacks, unreachable)
             verdict = decide(snapshot)
             if verdict is None:
                 return  # progress resumed while the stacks were taken

@@ -59,5 +59,4 @@ class MessageRejectedError(WatchdogError):
 class AuthError(WatchdogError):
     """The coordinator refused a call: the token was missing or wrong."""
 
-    hint = ("pass the coordinator's token with --token-file FILE (or $WATCHDOG_TOKEN); "
-            "the file must be readable by its owner only")
+    hint = "pass the coordinator's token with --token-file FILE (or $WATCHDOG_TOKEN)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -26,6 +27,7 @@ COLLECTIVES = (
 # they would put the members that take no part in them behind by one.
 P2P = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
 DDP_OP = b"all_reduce"
+SHUTDOWN_GRACE_S = 60.0
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
 
 
@@ -101,6 +103,8 @@ class TorchPatches:
         self._replace(dist, c10d, "init_process_group", self._after(c10d.init_process_group,
                                                                     self._on_init))
         self._replace(dist, c10d, "new_group", self._after(c10d.new_group, self.slot))
+        self._replace(dist, c10d, "destroy_process_group",
+                      self._shutting_down(c10d.destroy_process_group))
         if dist.is_initialized():  # installed by hand, after init_process_group
             self._on_init(None)
 
@@ -113,6 +117,18 @@ class TorchPatches:
         self._rec.set_rank(self._dist.get_rank(), self._dist.get_world_size())
         self._slots.clear()
         self.slot(None)  # the world group shows in the beacon, at seq 0, before any collective
+
+    def _shutting_down(self, original: Callable[..., Any]) -> Any:
+        """Teardown and interpreter exit record nothing for a while: a declared phase keeps
+        that silence from looking like a stall."""
+        rec = self._rec
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec.set_phase(("shutdown", time.time(), SHUTDOWN_GRACE_S))
+            return original(*args, **kwargs)
+
+        return wrapper
 
     def _after(self, original: Callable[..., Any], then: Callable[[Any], object]) -> Any:
         rec = self._rec

@@ -110,6 +110,7 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, nccl_log: Sequence[str]) -
     return {
         "rank": rank.rank,
         "host": rank.host,
+        "node": snapshot.rank_nodes.get(rank.rank, rank.host),
         "pid": rank.pid,
         "state": _rank_state(snapshot, rank),
         "step": rank.steps,

@@ -95,12 +95,14 @@ class JobView:
         exit_reported = self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED
         return everyone_left or exit_reported
 
-    def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None) -> JobSnapshot:
+    def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
+                 unreachable_nodes: tuple[str, ...] = ()) -> JobSnapshot:
         return JobSnapshot(
             job_id=self.job_id, world_size=self.world_size, now=now,
             stalled_for=self.tracker.stalled_for(now),
             stalled=self.tracker.is_stalled(now, phase_timeout=self.grace()),
-            ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {})
+            ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {},
+            rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes)
 
     def state(self, now: float) -> str:
         ranks = list(self.ranks.values())

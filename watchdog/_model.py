@@ -131,6 +131,8 @@ class JobSnapshot:
     stalled: bool  # stalled_for passed the job's threshold
     ranks: tuple[RankState, ...]
     stacks: dict[int, RankStack] = field(default_factory=dict)
+    rank_nodes: dict[int, str] = field(default_factory=dict)  # the agent that reports each rank
+    unreachable_nodes: tuple[str, ...] = ()  # nodes whose agent stopped reporting
 
 
 class Kind:

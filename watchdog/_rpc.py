@@ -27,14 +27,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 29450
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+# Both ends, the coordinator's server included, refuse a message over MAX_MESSAGE_BYTES (16 MiB):
+# the call ends with RESOURCE_EXHAUSTED and the message is never parsed. Stated rather than left
+# to gRPC's defaults (4 MiB received, no limit sent): a report of many ranks with stacks can
+# pass 4 MiB.
 CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", _wire.MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", _wire.MAX_MESSAGE_BYTES),
-]
-# The coordinator ends a call whose request is larger than this with RESOURCE_EXHAUSTED before
-# buffering it whole. Stated here rather than left to gRPC's default (4 MiB), which a node
-# report of many ranks with stacks can pass.
-SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", _wire.MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _wire.MAX_MESSAGE_BYTES),
 ]
@@ -161,7 +158,7 @@ async def start_server(handler: CoordinatorHandler, address: str,
     interceptors: list[grpc.aio.ServerInterceptor] = [_RejectUnparsable()]
     if security.token:
         interceptors.insert(0, TokenCheck(security.token))
-    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
     if security.credentials is None or address.startswith("unix:"):
         port = server.add_insecure_port(address)
@@ -185,8 +182,11 @@ class CoordinatorClient:
         self.address = address
         self._metadata = security.metadata()
         if security.credentials is None or address.startswith("unix:"):
+            self._tls_hint = "if it speaks TLS, pass --tls-ca (and --tls-cert/--tls-key)"
             self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         else:
+            self._tls_hint = ("check that it speaks TLS, that --tls-ca signed its certificate "
+                              "and, if it asks for one, --tls-cert/--tls-key")
             self._channel = grpc.aio.secure_channel(address, security.credentials,
                                                     options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
@@ -202,7 +202,8 @@ class CoordinatorClient:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise self._refused(e) from e
             raise CoordinatorUnreachableError(
-                f"coordinator at {self.address}: {e.details() or e.code().name}") from e
+                f"coordinator at {self.address}: {e.details() or e.code().name}",
+                hint=f"{CoordinatorUnreachableError.hint}; {self._tls_hint}") from e
         return _wire.status_reply_from_pb(reply)
 
     async def connect(self, outgoing: AsyncIterator[AgentMessage]) -> AsyncIterator[StackRequest]:

@@ -281,7 +281,23 @@ def _stalled(job: StallView) -> Verdict | None:
     return Verdict(Kind.RANK_STALLED, summary, tuple(culprits), waiters)
 
 
+def _node_unreachable(job: StallView) -> Verdict | None:
+    """The stalled ranks may sit on a node nobody can see: name the node, blame no rank."""
+    snapshot = job.snapshot
+    if not snapshot.unreachable_nodes:
+        return None
+    lost = [r for r, node in sorted(snapshot.rank_nodes.items())
+            if node in snapshot.unreachable_nodes]
+    node = snapshot.unreachable_nodes[0]
+    summary = (f"node {', '.join(snapshot.unreachable_nodes)} stopped reporting: the state of "
+               f"{ranks_text(lost) if lost else 'its ranks'} is unknown; the job made no "
+               "progress for "
+               f"{snapshot.stalled_for:.0f} s")
+    return Verdict(Kind.NODE_UNREACHABLE, summary, (), job.waiters(excluding=lost), node=node)
+
+
 _STALL_RULES: tuple[Callable[[StallView], Verdict | None], ...] = (
+    _node_unreachable,
     _wedged,
     _mismatch,
     _missing,

@@ -74,7 +74,7 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
     assert finding["cause"] and finding["fix"]
     assert rows[0]["nccl_findings"] == []
     assert rows[1] == {
-        "rank": 1, "host": "node-a", "pid": 4243, "state": "STALLED", "step": 56,
+        "rank": 1, "host": "node-a", "node": "node-a", "pid": 4243, "state": "STALLED", "step": 56,
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "exit_code": None, "heartbeat_age": 0.2, "phase": "",

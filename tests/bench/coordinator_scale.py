@@ -1,0 +1,473 @@
+"""How the coordinator scales (a script, not a test): `python tests/bench/coordinator_scale.py`.
+
+For each job size (ranks, 8 per node) and each way of sending the world group's member list
+("full": every rank lists all world_size members, as the agent does today; "compact": the list
+left empty, which the coordinator already reads as range(world_size) for group "0"):
+
+live: a real coordinator process (Coordinator + start_server on loopback) and a load-generator
+   process playing one agent per node, one Connect stream each, reporting at 1 Hz with DDP's
+   all_reduce advancing. Measured over a steady window: what the coordinator ingested (reports/s
+   and rank states/s), its CPU (cores) and RSS; then cProfile over a second window. Then the job
+   hangs (one rank stops, the others wait in the next all_reduce; the agents answer stack
+   requests) and the coordinator's own timestamps give: the cost of the evaluation tick that
+   detected the stall, the stack round trip, detection -> incident, and hang -> incident.
+in-process: a JobView filled with every rank's state, stalled; timed: the detection call
+   (decide on a snapshot without stacks), the diagnosis (decide with stacks, build_incident), the
+   store, and `watchdog status` for the job (job_status + json.dumps). Each stage has a cap; a
+   stage past it is reported as '>cap' with an estimate from the smaller sizes.
+
+Everything it starts runs in child processes that are stopped on exit, error or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import math
+import multiprocessing
+import os
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _loadgen import (  # noqa: E402
+    RANKS_PER_NODE,
+    REPORT_INTERVAL_S,
+    SimJob,
+    ask,
+    run_agents,
+    serve_coordinator,
+)
+
+from watchdog._coordinator import Coordinator  # noqa: E402
+from watchdog._incident import build_incident  # noqa: E402
+from watchdog._model import Kind  # noqa: E402
+from watchdog._stall import StallPolicy  # noqa: E402
+from watchdog._store import IncidentStore, incident_json  # noqa: E402
+from watchdog._verdict import decide  # noqa: E402
+
+STALL_TIMEOUT_S = 5.0
+SETTLE_S = 2.0  # after every rank is known, before measuring
+TARGET_VERDICT_S = 0.200
+TARGET_CORES = 0.5
+STAGES = ("detect", "diagnose", "store", "status")
+MIB = 1 << 20
+_spawn = multiprocessing.get_context("spawn")
+
+
+class Child:
+    """A spawned process with a command pipe; stopped (terminate, then kill) on exit."""
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        self.conn, child_end = _spawn.Pipe()
+        self.process = _spawn.Process(target=target, args=(child_end, *args), daemon=True)
+
+    def __enter__(self) -> Child:
+        self.process.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+    @property
+    def ps(self) -> psutil.Process:
+        assert self.process.pid is not None
+        return psutil.Process(self.process.pid)
+
+
+# --- live: coordinator process + load generator process ---------------------------------------
+
+
+@dataclass
+class Live:
+    ranks: int
+    variant: str
+    known: int = 0
+    ramp_s: float = math.nan
+    sent: float = math.nan  # rank states/s the agents sent
+    reports: float = math.nan  # reports/s the coordinator ingested
+    states: float = math.nan  # rank states/s the coordinator ingested
+    coord_cores: float = math.nan
+    agent_cores: float = math.nan
+    busy_cores: float = math.nan  # the whole machine
+    rss_mib: float = math.nan
+    detect_tick_s: float = math.nan
+    stacks_s: float = math.nan
+    detect_to_incident_s: float = math.nan
+    hang_to_incident_s: float = math.nan
+    verdict: str = "-"
+    note: str = ""
+
+
+def run_live(ranks: int, compact: bool, args: argparse.Namespace, profile: str | None) -> Live:
+    live = Live(ranks, "compact" if compact else "full")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        coord = stack.enter_context(
+            Child(serve_coordinator, os.path.join(tmp, "incidents.db"), STALL_TIMEOUT_S))
+        if not coord.conn.poll(60):
+            live.note = "coordinator did not start"
+            return live
+        address = f"127.0.0.1:{coord.conn.recv()}"
+        agents = stack.enter_context(
+            Child(run_agents, address, ranks, compact, args.nodes_per_channel))
+        if _ramp(live, coord, args) and _window(live, coord, agents, args):
+            if profile is not None and _profile(coord, profile, args):
+                live.note += f"profile: {profile}; "
+            _hang(live, coord, agents, args)
+    return live
+
+
+def _ramp(live: Live, coord: Child, args: argparse.Namespace) -> bool:
+    """Wait until the coordinator knows every rank (or the ramp cap passes); False to give up."""
+    start = time.monotonic()
+    while live.known < live.ranks and time.monotonic() - start < args.ramp_cap:
+        stats = ask(coord.conn, 30, "stats")
+        if stats is None:
+            live.note += "coordinator unresponsive during ramp; "
+            return False
+        live.known = stats["ranks_known"]
+        if not _sleep_watching(live, coord, 0.5, args):
+            return False
+    live.ramp_s = time.monotonic() - start
+    if live.known < live.ranks:
+        live.note += f"ramp: {live.known}/{live.ranks} ranks known after {args.ramp_cap:.0f} s; "
+    return _sleep_watching(live, coord, SETTLE_S, args)
+
+
+def _window(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -> bool:
+    cps, aps = coord.ps, agents.ps
+    cps.cpu_percent(None)
+    aps.cpu_percent(None)
+    psutil.cpu_percent(None)
+    c0, a0, t0 = ask(coord.conn, 30, "stats"), ask(agents.conn, 30, "stats"), time.monotonic()
+    if not _sleep_watching(live, coord, args.window, args):
+        return False
+    c1, a1, t1 = ask(coord.conn, 30, "stats"), ask(agents.conn, 30, "stats"), time.monotonic()
+    live.coord_cores, live.agent_cores = cps.cpu_percent(None) / 100, aps.cpu_percent(None) / 100
+    live.busy_cores = psutil.cpu_percent(None) / 100 * (psutil.cpu_count() or 1)
+    live.rss_mib = cps.memory_info().rss / MIB
+    if None in (c0, a0, c1, a1):
+        live.note += "unresponsive during the window; "
+        return False
+    live.reports = (c1["reports"] - c0["reports"]) / (t1 - t0)
+    live.states = (c1["rank_states"] - c0["rank_states"]) / (t1 - t0)
+    live.sent = (a1["reports"] - a0["reports"]) * RANKS_PER_NODE / (t1 - t0)
+    live.known = c1["ranks_known"]
+    return True
+
+
+def _profile(coord: Child, path: str, args: argparse.Namespace) -> bool:
+    if ask(coord.conn, 30, "profile_on") is None:
+        return False
+    time.sleep(args.profile_window)
+    return ask(coord.conn, 60, "profile_off", path) is not None
+
+
+def _hang(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -> None:
+    if live.known < live.ranks:
+        live.note += "hang skipped: not every rank known; "
+        return
+    hung_at = ask(agents.conn, 30, "hang")
+    culprit = ask(agents.conn, 30, "stats")["culprit"]
+    deadline = time.monotonic() + STALL_TIMEOUT_S + REPORT_INTERVAL_S + args.verdict_cap
+    stats: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        stats = ask(coord.conn, max(0.1, deadline - time.monotonic()), "stats")
+        if stats is None or stats["incidents"]:
+            break
+        time.sleep(0.1)
+    waited = STALL_TIMEOUT_S + REPORT_INTERVAL_S + args.verdict_cap
+    if stats is None:
+        live.note += f"coordinator busy (no answer) until {waited:.0f} s after the hang; "
+        return
+    if stats["detections"]:
+        detected_at, live.detect_tick_s = stats["detections"][0]
+    if stats["gathers"]:
+        live.stacks_s = stats["gathers"][0]
+    if not stats["incidents"]:
+        live.note += f"no incident {waited:.0f} s after the hang; "
+        return
+    incident = stats["incidents"][0]
+    live.hang_to_incident_s = incident["at"] - hung_at
+    if stats["detections"]:
+        live.detect_to_incident_s = incident["at"] - detected_at
+    right = incident["kind"] == Kind.MISSING_RANKS and incident["culprits"] == [culprit]
+    live.verdict = (f"{incident['kind']} {'culprit ok' if right else incident['culprits']}, "
+                    f"{incident['stacks']} stacks, {incident['json_bytes'] / MIB:.1f} MiB")
+
+
+def _sleep_watching(live: Live, coord: Child, seconds: float, args: argparse.Namespace) -> bool:
+    """Sleep, checking the coordinator's memory; False once it passed the cap."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        rss = coord.ps.memory_info().rss
+        if rss > args.rss_cap_gib * (1 << 30):
+            live.rss_mib = rss / MIB
+            live.note += f"stopped: coordinator RSS passed {args.rss_cap_gib} GiB; "
+            return False
+        time.sleep(min(left, 0.5))
+    return True
+
+
+# --- in-process: the verdict path on a full JobView ---------------------------------------------
+
+
+def verdict_stages(conn: Connection, ranks: int, compact: bool, profile: str | None) -> None:
+    """Child process: send (stage, seconds, detail) as each stage of a diagnosis completes."""
+    now = time.time()
+    sim = SimJob(ranks, compact, started_at=now - 600, hung_at=now - STALL_TIMEOUT_S - 2)
+    policy = StallPolicy(fixed=STALL_TIMEOUT_S)
+    job = sim.job_view(now, policy)
+    job.observe(sim.hung_at or now)  # the last change seen: stalled for 7 s at `now`
+
+    start = time.perf_counter()
+    verdict = decide(job.snapshot(now))
+    conn.send(("detect", time.perf_counter() - start, verdict and verdict.kind))
+
+    stacks = {rank: sim.stack(rank) for rank in range(ranks)}
+    profiler = cProfile.Profile()
+    if profile:
+        profiler.enable()
+    start = time.perf_counter()
+    snapshot = job.snapshot(now, stacks)
+    verdict = decide(snapshot)
+    decided = time.perf_counter()
+    assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
+    nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
+    incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
+    built = time.perf_counter()
+    profiler.disable()
+    if profile:
+        profiler.dump_stats(profile)
+    conn.send(("diagnose", built - start, decided - start, built - decided))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = IncidentStore(os.path.join(tmp, "incidents.db"))
+        start = time.perf_counter()
+        store.add(incident)
+        conn.send(("store", time.perf_counter() - start, len(incident_json(incident))))
+        start = time.perf_counter()
+        json.dumps(Coordinator(store, policy).job_status(job, now))
+        conn.send(("status", time.perf_counter() - start))
+        store.close()
+
+
+def verdict_costs(ranks: int, compact: bool, cap: float,
+                  profile: str | None = None) -> dict[str, list[Any]]:
+    """Stage -> its values, for the stages done within `cap` seconds each."""
+    done: dict[str, list[Any]] = {}
+    with Child(verdict_stages, ranks, compact, profile) as child:
+        for _ in STAGES:
+            if not child.conn.poll(cap):
+                break
+            stage, *values = child.conn.recv()
+            done[stage] = values
+    return done
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [[cell.rjust(w) for cell, w in zip(row, widths, strict=True)] for row in rows]
+    head = "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))
+    return "\n".join([head, "-" * len(head), *("  ".join(line) for line in lines)])
+
+
+def live_table(results: list[Live]) -> str:
+    header = ["ranks", "lists", "sent st/s", "in rep/s", "in st/s", "coord cores",
+              "agents cores", "busy cores", "coord RSS MiB", "detect tick s", "stacks s",
+              "detect->incident s", "hang->incident s"]
+    rows = [[str(r.ranks), r.variant, _num(r.sent, 0), _num(r.reports, 0), _num(r.states, 0),
+             _num(r.coord_cores), _num(r.agent_cores), _num(r.busy_cores), _num(r.rss_mib, 0),
+             _num(r.detect_tick_s, 3), _num(r.stacks_s, 3), _num(r.detect_to_incident_s, 3),
+             _num(r.hang_to_incident_s, 2)] for r in results]
+    notes = [f"  {r.ranks} {r.variant}: {r.verdict}; {r.note}".rstrip("; ") for r in results]
+    return _table(header, rows) + "\n" + "\n".join(notes)
+
+
+def _stage_seconds(costs: dict[int, dict[str, list[Any]]], ranks: int, stage: str,
+                   cap: float) -> tuple[str, float]:
+    """'0.123', or '>15 (~130)' with an estimate from the two nearest smaller sizes' growth."""
+    if stage in costs[ranks]:
+        seconds = float(costs[ranks][stage][0])
+        return f"{seconds:.3f}", seconds
+    smaller = sorted(n for n in costs if n < ranks and stage in costs[n])[-2:]
+    if len(smaller) < 2:
+        return f">{cap:.0f}", math.inf
+    (n1, n2), (t1, t2) = smaller, (costs[n][stage][0] for n in smaller)
+    power = math.log(t2 / t1) / math.log(n2 / n1)
+    estimate = t2 * (ranks / n2) ** power
+    return f">{cap:.0f} (~{estimate:.0f}, n^{power:.1f})", estimate
+
+
+def verdict_table(costs: dict[tuple[str, int], dict[str, list[Any]]], cap: float) -> str:
+    header = ["ranks", "lists", "detect: decide s", "diagnose s", "of which decide s",
+              "build_incident s", "store s", "incident MiB", "status s"]
+    rows = []
+    for variant, ranks in sorted(costs, key=lambda k: (k[0], k[1])):
+        same = {n: c for (v, n), c in costs.items() if v == variant}
+        cells = {stage: _stage_seconds(same, ranks, stage, cap)[0] for stage in STAGES}
+        diagnose = costs[variant, ranks].get("diagnose")
+        store = costs[variant, ranks].get("store")
+        rows.append([str(ranks), variant, cells["detect"], cells["diagnose"],
+                     f"{diagnose[1]:.3f}" if diagnose else "-",
+                     f"{diagnose[2]:.3f}" if diagnose else "-", cells["store"],
+                     f"{store[1] / MIB:.1f}" if store else "-", cells["status"]])
+    return _table(header, rows)
+
+
+def profile_lines(path: str, top: int) -> list[str]:
+    """The top functions by own time, as shares of the time not spent idle in epoll."""
+    stats = pstats.Stats(path)
+    entries = stats.stats  # type: ignore[attr-defined]
+    idle = sum(v[2] for k, v in entries.items() if "epoll" in k[2])
+    busy = stats.total_tt - idle  # type: ignore[attr-defined]
+    ordered = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)
+    lines = [f"  busy {busy:.3f} s (idle in epoll {idle:.3f} s); own s, share of busy, "
+             "cumulative s, calls, function"]
+    for (file, line, function), (_, calls, tottime, cumtime, _) in ordered[:top + 1]:
+        if "epoll" not in function:
+            lines.append(f"  {tottime:7.3f} {100 * tottime / busy:5.1f}% {cumtime:8.3f} "
+                         f"{calls:9d}  {_where(file, line, function)}")
+    return lines[:top + 1]
+
+
+def _where(file: str, line: int, function: str) -> str:
+    if file == "~":
+        return function
+    for root in (str(REPO) + os.sep, "site-packages" + os.sep):
+        if root in file:
+            file = file.split(root, 1)[1]
+    return f"{file}:{line}({function})"
+
+
+def targets(results: list[Live], costs: dict[tuple[str, int], dict[str, list[Any]]],
+            cap: float) -> list[str]:
+    biggest = max(r.ranks for r in results)
+    lines = []
+    for r in (r for r in results if r.ranks == biggest):
+        live = r.detect_to_incident_s
+        inproc = [_stage_seconds({n: c for (v, n), c in costs.items() if v == r.variant},
+                                 biggest, stage, cap) for stage in ("detect", "diagnose")]
+        total = inproc[0][1] + inproc[1][1]
+        verdict_ok = live <= TARGET_VERDICT_S and total <= TARGET_VERDICT_S
+        lines.append(
+            f"verdict <= {TARGET_VERDICT_S * 1000:.0f} ms at {biggest} ranks ({r.variant}): "
+            f"live detection->incident {_num(live, 3)} s; in-process detect {inproc[0][0]} s + "
+            f"diagnose {inproc[1][0]} s: {'PASS' if verdict_ok else 'FAIL'}")
+        keeps_up = r.states >= 0.95 * biggest / REPORT_INTERVAL_S
+        ingest_ok = keeps_up and r.coord_cores <= TARGET_CORES
+        lines.append(
+            f"1 Hz from {biggest} ranks on <= {TARGET_CORES} core ({r.variant}): ingested "
+            f"{_num(r.states, 0)} rank states/s of {biggest} on {_num(r.coord_cores)} cores: "
+            f"{'PASS' if ingest_ok else 'FAIL'}")
+    return lines
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1024,4096,16384", help="ranks, comma-separated")
+    parser.add_argument("--variants", default="compact,full", help="compact and/or full")
+    parser.add_argument("--window", type=float, default=10.0, help="steady CPU window (s)")
+    parser.add_argument("--profile-window", type=float, default=5.0)
+    parser.add_argument("--ramp-cap", type=float, default=20.0)
+    parser.add_argument("--verdict-cap", type=float, default=30.0,
+                        help="seconds past stall timeout + one report to wait for the incident")
+    parser.add_argument("--stage-cap", type=float, default=15.0,
+                        help="cap on each in-process stage (s)")
+    parser.add_argument("--rss-cap-gib", type=float, default=4.0)
+    parser.add_argument("--nodes-per-channel", type=int, default=16)
+    parser.add_argument("--profile-verdict-ranks", type=int, default=2048)
+    parser.add_argument("--top", type=int, default=14, help="profile lines shown")
+    parser.add_argument("--profile-dir", default="", help="keep .prof files here")
+    parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--skip-inproc", action="store_true")
+    return parser.parse_args()
+
+
+@contextlib.contextmanager
+def profile_dir(path: str) -> Iterator[str]:
+    if path:
+        os.makedirs(path, exist_ok=True)
+        yield path
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield tmp
+
+
+def main() -> None:
+    args = parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    variants = args.variants.split(",")
+    started = time.monotonic()
+    results: list[Live] = []
+    costs: dict[tuple[str, int], dict[str, list[Any]]] = {}
+    profiles: list[tuple[str, str]] = []
+    with profile_dir(args.profile_dir) as prof:
+        if not args.skip_live:
+            for variant in variants:
+                for ranks in sizes:
+                    path = os.path.join(prof, f"live-{variant}-{ranks}.prof")
+                    result = run_live(ranks, variant == "compact", args,
+                                      path if ranks == max(sizes) else None)
+                    print(f"[{time.monotonic() - started:5.0f} s] live {ranks} {variant} done",
+                          file=sys.stderr, flush=True)
+                    results.append(result)
+                    if os.path.exists(path):
+                        profiles.append((f"coordinator, live, {ranks} ranks {variant}, "
+                                         f"{args.profile_window:.0f} s steady ingest", path))
+        if not args.skip_inproc:
+            for variant in variants:
+                for ranks in sizes:
+                    costs[variant, ranks] = verdict_costs(ranks, variant == "compact",
+                                                          args.stage_cap)
+                    print(f"[{time.monotonic() - started:5.0f} s] in-process {ranks} {variant} "
+                          "done", file=sys.stderr, flush=True)
+            path = os.path.join(prof, f"verdict-{args.profile_verdict_ranks}.prof")
+            verdict_costs(args.profile_verdict_ranks, True, 120, path)
+            if os.path.exists(path):
+                profiles.append((f"diagnosis (decide with stacks + build_incident), in-process, "
+                                 f"{args.profile_verdict_ranks} ranks compact", path))
+        if results:
+            print("\nLIVE (coordinator process; 'st' = rank states; stall timeout "
+                  f"{STALL_TIMEOUT_S:.0f} s)\n" + live_table(results))
+        if costs:
+            print(f"\nIN-PROCESS verdict path (cap {args.stage_cap:.0f} s per stage)\n"
+                  + verdict_table(costs, args.stage_cap))
+        if results and costs:
+            print("\nTARGETS\n" + "\n".join(targets(results, costs, args.stage_cap)))
+        for title, path in profiles:
+            print(f"\nPROFILE {title} (cProfile, by tottime)")
+            print("\n".join(profile_lines(path, args.top)))
+    print(f"\n(total {time.monotonic() - started:.0f} s on {psutil.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Two "nodes" on one machine: two torchrun launchers (--nnodes=2) with separate beacon dirs,
+two agents and one coordinator over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _harness import job_env
+from test_daemons import WATCHDOG, status
+
+from watchdog._demo.run_demo import TRAIN_SCRIPT, free_port
+
+DEADLINE_S = 150
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.address = f"127.0.0.1:{free_port()}"
+        self.master_port = free_port()
+        self.procs: list[subprocess.Popen[str]] = []
+        self.coordinator = self._spawn(["coordinator", "--listen", self.address,
+                                        "--stall-timeout", "3"], "coordinator")
+        self.agents = {node: self.start_agent(node) for node in ("node-a", "node-b")}
+
+    def env(self, node: str) -> dict[str, str]:
+        return {**job_env(self.tmp_path), "WATCHDOG_BEACON_DIR": str(self.tmp_path / node)}
+
+    def _spawn(self, args: list[str], node: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(args if args[0] == sys.executable else [*WATCHDOG, *args],
+                                env=self.env(node), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start_agent(self, node: str) -> subprocess.Popen[str]:
+        return self._spawn(["agent", "--coordinator", self.address, "--interval", "0.25",
+                            "--node-name", node], node)
+
+    def start_job(self, *train_args: str) -> None:
+        for node_rank, node in enumerate(("node-a", "node-b")):
+            self._spawn([
+                *WATCHDOG, "launch", "--", sys.executable, "-m", "torch.distributed.run",
+                "--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=2",
+                "--master_addr=127.0.0.1", f"--master_port={self.master_port}", TRAIN_SCRIPT,
+                *train_args], node)
+
+    def stop(self) -> str:
+        logs = []
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            logs.append(proc.communicate()[0])
+        return "\n---\n".join(logs)
+
+    def wait_for(self, predicate: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            for job in (status(self.address) or {"jobs": []})["jobs"]:
+                if job["world_size"] == 4 and predicate(job):
+                    return dict(job)
+            time.sleep(1)
+        raise AssertionError(f"timed out; status: {status(self.address)}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        print(c.stop())
+
+
+def test_culprit_on_the_other_node(cluster: Cluster) -> None:
+    cluster.start_job("--fault", "data_stall", "--fault-rank", "3", "--fault-step", "4")
+    job = cluster.wait_for(lambda j: j["verdict"] is not None)
+    verdict = job["verdict"]
+    assert job["nodes"] == ["node-a", "node-b"]
+    assert verdict["kind"] == "MISSING_RANKS"
+    assert verdict["culprit_ranks"] == [3]
+    assert verdict["waiting_ranks"] == [0, 1, 2]
+    assert verdict["collective"]["group"] == "0" and verdict["collective"]["op"] == "all_reduce"
+    culprit = next(r for r in verdict["ranks"] if r["rank"] == 3)
+    assert culprit["node"] == "node-b"
+    assert "read_sample_from_storage" in [f["function"] for f in culprit["stack"]]
+    assert {r["rank"]: r["node"] for r in job["ranks"]} == {
+        0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+
+
+def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:
+    cluster.start_job("--steps", "120")
+    cluster.wait_for(lambda j: min(r["step"] for r in j["ranks"]) >= 5)
+    cluster.agents["node-b"].kill()
+    time.sleep(2)
+    cluster.agents["node-b"] = cluster.start_agent("node-b")
+    job = cluster.wait_for(lambda j: j["state"] in ("FINISHED", "FAILED"))
+    assert job["state"] == "FINISHED"
+    assert job["verdict"] is None
+    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=cluster.env("node-a"),
+                            capture_output=True, text=True, timeout=30, check=True).stdout
+    assert listed.strip() == "[]"
+
+
+def test_node_whose_agent_is_gone_is_reported_unreachable(cluster: Cluster) -> None:
+    cluster.start_job("--fault", "data_stall", "--fault-rank", "3", "--fault-step", "30")
+    cluster.wait_for(lambda j: min(r["step"] for r in j["ranks"]) >= 3)
+    cluster.agents["node-b"].kill()  # for good: node-b's ranks are now unknown
+    job = cluster.wait_for(lambda j: j["verdict"] is not None)
+    verdict = job["verdict"]
+    assert verdict["kind"] == "NODE_UNREACHABLE"
+    assert verdict["node"] == "node-b"
+    assert verdict["culprit_ranks"] == []
