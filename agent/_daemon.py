@@ -22,7 +22,7 @@ from agent._workers import Worker, WorkerTable, rank_state
 from watchdog._auth import ClientSecurity
 from watchdog._errors import WatchdogError
 from watchdog._model import NodeReport, RankStack, StackReply, StackRequest
-from watchdog._rpc import AgentMessage, CoordinatorClient
+from watchdog._rpc import DEFAULT_ADDRESS, DEFAULT_PORT, AgentMessage, CoordinatorClient
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,11 @@ MAX_BACKOFF_S = 10.0
 
 
 class Agent:
-    def __init__(self, coordinator: str, beacon_dir: str, node: str, interval: float = 1.0,
-                 scan_unhooked: bool = True, security: ClientSecurity | None = None) -> None:
-        self.coordinator = coordinator
+    def __init__(self, coordinator: str | None, beacon_dir: str, node: str,
+                 interval: float = 1.0, scan_unhooked: bool = True,
+                 security: ClientSecurity | None = None) -> None:
+        self.configured_coordinator = coordinator
+        self.coordinator = coordinator or DEFAULT_ADDRESS
         self.security = security
         self.node = node
         self.interval = interval
@@ -79,7 +81,22 @@ class Agent:
             self._outbox.get_nowait()
         self._outbox.put_nowait(message)
 
+    def _choose_coordinator(self) -> None:
+        """Without --coordinator: the default port on the MASTER_ADDR of a job seen here."""
+        if self.configured_coordinator:
+            return
+        if self.security is not None and self.security.token and not self.security.credentials:
+            # Any user's job sets MASTER_ADDR: never send the token in plaintext to its choice.
+            log.warning("a token without TLS needs --coordinator; using %s", self.coordinator)
+            return
+        masters = sorted({w.master_addr for w in self.table.workers() if w.master_addr})
+        chosen = f"{masters[0]}:{DEFAULT_PORT}" if masters else DEFAULT_ADDRESS
+        if chosen != self.coordinator:
+            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)", chosen)
+            self.coordinator = chosen
+
     async def _session(self, stop: asyncio.Event) -> None:
+        self._choose_coordinator()
         client = CoordinatorClient(self.coordinator, self.security)
         served: set[asyncio.Task[None]] = set()
         try:

@@ -37,6 +37,7 @@ class Worker:
     verified: bool
     beacon_path: str = ""  # empty: a torchrun worker without the hook (stacks only)
     nccl_debug_file: str = ""  # NCCL_DEBUG_FILE with %h and %p expanded, if the worker set it
+    master_addr: str = ""  # the job's rendezvous host: where its coordinator runs by default
     mapping: mmap.mmap | None = None
     snapshot: _beacon.BeaconSnapshot | None = None
     exited_at: float | None = None
@@ -97,7 +98,7 @@ class WorkerTable:
         worker = Worker(ident.job_id, ident.rank, ident.local_rank, ident.world_size, ident.host,
                         ident.pid, stat.start_ticks if stat else 0,
                         self._verify(ident, stat, env), path, _nccl_debug_file(env, ident.pid),
-                        mapping, snap)
+                        (env or {}).get("MASTER_ADDR", ""), mapping, snap)
         self._unhooked.pop(ident.pid, None)
         self._by_path[path] = worker
         log.info("tracking rank %d of job %s (pid %d, verified=%s)", ident.rank, ident.job_id,
@@ -152,7 +153,8 @@ class WorkerTable:
         return Worker(_env.job_id(env), _env.int_env(env, "RANK", 0),
                       _env.int_env(env, "LOCAL_RANK", 0), _env.int_env(env, "WORLD_SIZE", 1),
                       os.uname().nodename.split(".")[0], pid, stat.start_ticks, verified=True,
-                      nccl_debug_file=_nccl_debug_file(env, pid))
+                      nccl_debug_file=_nccl_debug_file(env, pid),
+                      master_addr=env.get("MASTER_ADDR", ""))
 
     def _forget_old(self, now: float) -> None:
         def expired(worker: Worker) -> bool:

@@ -41,7 +41,7 @@ def _add_db_option(p: argparse.ArgumentParser) -> None:
 
 def _add_token_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", metavar="F",
-                   help="the shared token, in a file readable by its owner only "
+                   help="the shared token, in a file other users cannot read, e.g. mode 600 "
                         "(default: $WATCHDOG_TOKEN; none: no token)")
 
 
@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db_option(p)
 
     p = sub.add_parser("agent", help="the per-node agent daemon")
-    p.add_argument("--coordinator", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="default: port 29450 on the MASTER_ADDR of the jobs found on this "
+                        "node, else on 127.0.0.1")
     p.add_argument("--beacon-dir", metavar="DIR", help="default: $WATCHDOG_BEACON_DIR or "
                    "/dev/shm/torch-hang-watchdog")
     p.add_argument("--node-name", metavar="N", help="default: the host name")

@@ -75,7 +75,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     beacon_dir = args.beacon_dir or _env.beacon_dir()
     agent = Agent(args.coordinator, beacon_dir, node, args.interval,
                   security=_client_security(args))
-    print(f"watchdog agent {node}: beacons in {beacon_dir}, coordinator {args.coordinator}",
+    print(f"watchdog agent {node}: beacons in {beacon_dir}, "
+          f"coordinator {args.coordinator or 'from the jobs MASTER_ADDR'}",
           file=sys.stderr, flush=True)
     asyncio.run(_serve_until_signal(agent.run))
     return 0

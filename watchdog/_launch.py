@@ -16,7 +16,9 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 def new_job_id(cmd: Sequence[str]) -> str:
-    name = Path(cmd[-1] if cmd else "job").stem or "job"
+    """'<script>-<date>-<time>-<random>': the training script's name where the command has one."""
+    scripts = [Path(arg).stem for arg in cmd if arg.endswith(".py")]
+    name = scripts[0] if scripts else Path(cmd[0]).name if cmd else "job"
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
@@ -30,6 +32,7 @@ def hook_env(base: Mapping[str, str], beacon_dir: str, job_id: str | None) -> di
     env[_env.AUTOINSTALL] = "1"
     env[_env.BEACON_DIR] = beacon_dir
     env.pop(_env.HOOK_PID, None)
+    env.pop("WATCHDOG_TOKEN", None)  # the coordinator's secret is none of the job's business
     if job_id:
         env[_env.JOB_ID] = job_id
     return env

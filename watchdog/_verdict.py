@@ -75,7 +75,8 @@ def _rank_exited(snapshot: JobSnapshot) -> Verdict | None:
         return None
     first = exited[0]
     peers = [r for r in snapshot.ranks if r.rank != first.rank]
-    awaited = (awaited_collective(snapshot, peer, first) for peer in peers if peer.alive)
+    # Peers that died after it (their connection dropped) still show where they waited.
+    awaited = (awaited_collective(snapshot, peer, first) for peer in peers)
     code = first.exit_code
     summary = (
         f"rank {first.rank} exited first at {clock(first.exited_at or 0.0)} "

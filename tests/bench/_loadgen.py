@@ -151,6 +151,7 @@ def _refresh(message: pb.NodeReport, report: NodeReport) -> None:
 class _Counters:
     reports: int = 0
     stack_requests: int = 0
+    stream_errors: list[str] = field(default_factory=list)
 
 
 class _SimAgent:
@@ -167,6 +168,7 @@ class _SimAgent:
         self.report_queued = False
 
     async def run(self, stub: pb_grpc.CoordinatorStub) -> None:
+        """Until the stream fails (recorded, not raised: the other agents go on)."""
         ticker = asyncio.create_task(self._tick())
         try:
             async for message in stub.Connect(self._outgoing()):
@@ -176,6 +178,8 @@ class _SimAgent:
                     stacks = tuple(self.sim.stack(rank) for rank in request.ranks)
                     reply = StackReply(request.request_id, self.sim.node_name(self.node), stacks)
                     self.outbox.put_nowait(_wire.stacks_to_pb(reply))
+        except grpc.aio.AioRpcError as e:
+            self.counters.stream_errors.append(f"{e.code().name}: {e.details()}")
         finally:
             ticker.cancel()
 
@@ -234,7 +238,8 @@ async def _agents(conn: Connection, address: str, sim: SimJob, nodes_per_channel
             sim.hung_at = time.time()
             return sim.hung_at
         return {"reports": counters.reports, "stack_requests": counters.stack_requests,
-                "culprit": sim.culprit}
+                "culprit": sim.culprit, "stream_errors": counters.stream_errors[:3],
+                "failed_streams": len(counters.stream_errors)}
 
     _serve_commands(conn, handle)
     await asyncio.gather(*(agent.run(stubs[agent.node // nodes_per_channel])

@@ -11,7 +11,9 @@ live: a real coordinator process (Coordinator + start_server on loopback) and a 
    hangs (one rank stops, the others wait in the next all_reduce; the agents answer stack
    requests) and the coordinator's own timestamps give: the cost of the evaluation tick that
    detected the stall, the stack round trip, detection -> incident, and hang -> incident.
-in-process: a JobView filled with every rank's state, stalled; timed: the detection call
+in-process (CPU time of one process, so that other load on the machine does not count): the
+   coordinator's decoding of node reports and its ingest, per rank state; one evaluation tick of
+   a healthy job; then a JobView filled with every rank's state, stalled; timed: the detection call
    (decide on a snapshot without stacks), the diagnosis (decide with stacks, build_incident), the
    store, and `watchdog status` for the job (job_status + json.dumps). Each stage has a cap; a
    stage past it is reported as '>cap' with an estimate from the smaller sizes.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import math
 import multiprocessing
@@ -53,9 +56,11 @@ from _loadgen import (  # noqa: E402
     serve_coordinator,
 )
 
+from watchdog import _wire  # noqa: E402
 from watchdog._coordinator import Coordinator  # noqa: E402
 from watchdog._incident import build_incident  # noqa: E402
-from watchdog._model import Kind  # noqa: E402
+from watchdog._model import Kind, NodeReport  # noqa: E402
+from watchdog._proto import watchdog_pb2 as pb  # noqa: E402
 from watchdog._stall import StallPolicy  # noqa: E402
 from watchdog._store import IncidentStore, incident_json  # noqa: E402
 from watchdog._verdict import decide  # noqa: E402
@@ -64,7 +69,8 @@ STALL_TIMEOUT_S = 5.0
 SETTLE_S = 2.0  # after every rank is known, before measuring
 TARGET_VERDICT_S = 0.200
 TARGET_CORES = 0.5
-STAGES = ("detect", "diagnose", "store", "status")
+STAGES = ("decode", "ingest", "tick", "detect", "diagnose", "store", "status")
+DECODE_INTS = 2_000_000  # full lists: decode a sample of reports holding about this many members
 MIB = 1 << 20
 _spawn = multiprocessing.get_context("spawn")
 
@@ -106,6 +112,7 @@ class Live:
     reports: float = math.nan  # reports/s the coordinator ingested
     states: float = math.nan  # rank states/s the coordinator ingested
     coord_cores: float = math.nan
+    loop_cores: float = math.nan  # the coordinator's main thread: asyncio loop, all Python
     agent_cores: float = math.nan
     busy_cores: float = math.nan  # the whole machine
     rss_mib: float = math.nan
@@ -132,6 +139,9 @@ def run_live(ranks: int, compact: bool, args: argparse.Namespace, profile: str |
             if profile is not None and _profile(coord, profile, args):
                 live.note += f"profile: {profile}; "
             _hang(live, coord, agents, args)
+        sent = ask(agents.conn, 10, "stats")
+        if sent and sent["failed_streams"]:
+            live.note += f"{sent['failed_streams']} agent streams failed: {sent['stream_errors']}; "
     return live
 
 
@@ -158,10 +168,12 @@ def _window(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -
     aps.cpu_percent(None)
     psutil.cpu_percent(None)
     c0, a0, t0 = ask(coord.conn, 30, "stats"), ask(agents.conn, 30, "stats"), time.monotonic()
+    loop0 = _thread_seconds(cps, cps.pid)
     if not _sleep_watching(live, coord, args.window, args):
         return False
     c1, a1, t1 = ask(coord.conn, 30, "stats"), ask(agents.conn, 30, "stats"), time.monotonic()
     live.coord_cores, live.agent_cores = cps.cpu_percent(None) / 100, aps.cpu_percent(None) / 100
+    live.loop_cores = (_thread_seconds(cps, cps.pid) - loop0) / (t1 - t0)
     live.busy_cores = psutil.cpu_percent(None) / 100 * (psutil.cpu_count() or 1)
     live.rss_mib = cps.memory_info().rss / MIB
     if None in (c0, a0, c1, a1):
@@ -172,6 +184,10 @@ def _window(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -
     live.sent = (a1["reports"] - a0["reports"]) * RANKS_PER_NODE / (t1 - t0)
     live.known = c1["ranks_known"]
     return True
+
+
+def _thread_seconds(process: psutil.Process, thread_id: int) -> float:
+    return next(t.user_time + t.system_time for t in process.threads() if t.id == thread_id)
 
 
 def _profile(coord: Child, path: str, args: argparse.Namespace) -> bool:
@@ -227,54 +243,87 @@ def _sleep_watching(live: Live, coord: Child, seconds: float, args: argparse.Nam
     return True
 
 
-# --- in-process: the verdict path on a full JobView ---------------------------------------------
+# --- in-process: ingest, the evaluation tick and the verdict path on a full JobView ------------
 
 
-def verdict_stages(conn: Connection, ranks: int, compact: bool, profile: str | None) -> None:
-    """Child process: send (stage, seconds, detail) as each stage of a diagnosis completes."""
-    now = time.time()
-    sim = SimJob(ranks, compact, started_at=now - 600, hung_at=now - STALL_TIMEOUT_S - 2)
-    policy = StallPolicy(fixed=STALL_TIMEOUT_S)
-    job = sim.job_view(now, policy)
-    job.observe(sim.hung_at or now)  # the last change seen: stalled for 7 s at `now`
-
-    start = time.perf_counter()
-    verdict = decide(job.snapshot(now))
-    conn.send(("detect", time.perf_counter() - start, verdict and verdict.kind))
-
-    stacks = {rank: sim.stack(rank) for rank in range(ranks)}
-    profiler = cProfile.Profile()
-    if profile:
-        profiler.enable()
-    start = time.perf_counter()
-    snapshot = job.snapshot(now, stacks)
-    verdict = decide(snapshot)
-    decided = time.perf_counter()
-    assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
-    nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
-    incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
-    built = time.perf_counter()
-    profiler.disable()
-    if profile:
-        profiler.dump_stats(profile)
-    conn.send(("diagnose", built - start, decided - start, built - decided))
-
+def inproc_stages(conn: Connection, ranks: int, compact: bool, profile: str | None) -> None:
+    """Child process: send (stage, seconds, *detail) as each stage completes."""
     with tempfile.TemporaryDirectory() as tmp:
         store = IncidentStore(os.path.join(tmp, "incidents.db"))
-        start = time.perf_counter()
+        policy = StallPolicy(fixed=STALL_TIMEOUT_S)
+        coordinator = Coordinator(store, policy)
+        now = time.time()
+        sim = SimJob(ranks, compact, started_at=now - 600)
+        reports = [sim.report(node, now) for node in range(sim.nodes)]
+        conn.send(("decode", *_decode_cost(reports, compact)))
+        start = time.process_time()
+        for report in reports:
+            coordinator.ingest(report)
+        conn.send(("ingest", (time.process_time() - start) / ranks))
+        ticks = []
+        for _ in range(5):  # each right after fresh reports: silent nodes skip the evaluation
+            for report in reports:
+                coordinator.ingest(report)
+            ticks.append(_seconds(coordinator.evaluate_all))
+        conn.send(("tick", min(ticks), coordinator.tick))
+
+        now = time.time()
+        sim.hung_at = now - STALL_TIMEOUT_S - 3
+        for node in range(sim.nodes):
+            coordinator.ingest(sim.report(node, now))
+        job = coordinator.jobs[sim.job_id]
+        job.observe(now - STALL_TIMEOUT_S - 2)  # the last change seen: stalled at `now`
+        start = time.process_time()
+        verdict = decide(job.snapshot(now))
+        conn.send(("detect", time.process_time() - start))
+
+        stacks = {rank: sim.stack(rank) for rank in range(ranks)}
+        profiler = cProfile.Profile()
+        if profile:
+            profiler.enable()
+        start = time.process_time()
+        snapshot = job.snapshot(now, stacks)
+        verdict = decide(snapshot)
+        decided = time.process_time()
+        assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
+        nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
+        incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
+        built = time.process_time()
+        profiler.disable()
+        if profile:
+            profiler.dump_stats(profile)
+        conn.send(("diagnose", built - start, decided - start, built - decided))
+
+        start = time.process_time()
         store.add(incident)
-        conn.send(("store", time.perf_counter() - start, len(incident_json(incident))))
-        start = time.perf_counter()
-        json.dumps(Coordinator(store, policy).job_status(job, now))
-        conn.send(("status", time.perf_counter() - start))
+        conn.send(("store", time.process_time() - start, len(incident_json(incident))))
+        conn.send(("status", _seconds(lambda: json.dumps(coordinator.job_status(job, now)))))
         store.close()
 
 
-def verdict_costs(ranks: int, compact: bool, cap: float,
-                  profile: str | None = None) -> dict[str, list[Any]]:
+def _decode_cost(reports: list[NodeReport], compact: bool) -> tuple[float, int]:
+    """Seconds per rank state to parse and convert node reports as the coordinator does (on a
+    sample of them), and the bytes of one report."""
+    world_size = len(reports) * RANKS_PER_NODE
+    sample = len(reports) if compact else max(4, DECODE_INTS // (RANKS_PER_NODE * world_size))
+    raws = [_wire.report_to_pb(report).SerializeToString() for report in reports[:sample]]
+    start = time.process_time()
+    for raw in raws:
+        _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+    return (time.process_time() - start) / (len(raws) * RANKS_PER_NODE), len(raws[0])
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.process_time()
+    call()
+    return time.process_time() - start
+
+
+def inproc_costs(ranks: int, compact: bool, cap: float,
+                 profile: str | None = None) -> dict[str, list[Any]]:
     """Stage -> its values, for the stages done within `cap` seconds each."""
     done: dict[str, list[Any]] = {}
-    with Child(verdict_stages, ranks, compact, profile) as child:
+    with Child(inproc_stages, ranks, compact, profile) as child:
         for _ in STAGES:
             if not child.conn.poll(cap):
                 break
@@ -299,12 +348,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def live_table(results: list[Live]) -> str:
     header = ["ranks", "lists", "sent st/s", "in rep/s", "in st/s", "coord cores",
-              "agents cores", "busy cores", "coord RSS MiB", "detect tick s", "stacks s",
-              "detect->incident s", "hang->incident s"]
+              "of which loop", "agents cores", "busy cores", "coord RSS MiB", "detect tick s",
+              "stacks s", "detect->incident s", "hang->incident s"]
     rows = [[str(r.ranks), r.variant, _num(r.sent, 0), _num(r.reports, 0), _num(r.states, 0),
-             _num(r.coord_cores), _num(r.agent_cores), _num(r.busy_cores), _num(r.rss_mib, 0),
-             _num(r.detect_tick_s, 3), _num(r.stacks_s, 3), _num(r.detect_to_incident_s, 3),
-             _num(r.hang_to_incident_s, 2)] for r in results]
+             _num(r.coord_cores), _num(r.loop_cores), _num(r.agent_cores), _num(r.busy_cores),
+             _num(r.rss_mib, 0), _num(r.detect_tick_s, 3), _num(r.stacks_s, 3),
+             _num(r.detect_to_incident_s, 3), _num(r.hang_to_incident_s, 2)] for r in results]
     notes = [f"  {r.ranks} {r.variant}: {r.verdict}; {r.note}".rstrip("; ") for r in results]
     return _table(header, rows) + "\n" + "\n".join(notes)
 
@@ -324,19 +373,30 @@ def _stage_seconds(costs: dict[int, dict[str, list[Any]]], ranks: int, stage: st
     return f">{cap:.0f} (~{estimate:.0f}, n^{power:.1f})", estimate
 
 
-def verdict_table(costs: dict[tuple[str, int], dict[str, list[Any]]], cap: float) -> str:
-    header = ["ranks", "lists", "detect: decide s", "diagnose s", "of which decide s",
-              "build_incident s", "store s", "incident MiB", "status s"]
+def _cell(done: dict[str, list[Any]], stage: str, index: int, scale: float, digits: int) -> str:
+    values = done.get(stage)
+    return f"{values[index] * scale:.{digits}f}" if values else "-"
+
+
+def inproc_table(costs: dict[tuple[str, int], dict[str, list[Any]]], cap: float) -> str:
+    header = ["ranks", "lists", "report KiB", "decode us/st", "ingest us/st", "tick ms",
+              "est. cores", "detect s", "diagnose s", "(decide s", "build s)", "store s",
+              "incident MiB", "status s"]
     rows = []
-    for variant, ranks in sorted(costs, key=lambda k: (k[0], k[1])):
+    for variant, ranks in sorted(costs):
+        done = costs[variant, ranks]
         same = {n: c for (v, n), c in costs.items() if v == variant}
-        cells = {stage: _stage_seconds(same, ranks, stage, cap)[0] for stage in STAGES}
-        diagnose = costs[variant, ranks].get("diagnose")
-        store = costs[variant, ranks].get("store")
-        rows.append([str(ranks), variant, cells["detect"], cells["diagnose"],
-                     f"{diagnose[1]:.3f}" if diagnose else "-",
-                     f"{diagnose[2]:.3f}" if diagnose else "-", cells["store"],
-                     f"{store[1] / MIB:.1f}" if store else "-", cells["status"]])
+        timed = {stage: _stage_seconds(same, ranks, stage, cap)[0] for stage in STAGES}
+        value = functools.partial(_cell, done)
+        cores = "-"
+        if {"decode", "ingest", "tick"} <= done.keys():
+            per_state = done["decode"][0] + done["ingest"][0]
+            cores = f"{ranks * per_state + done['tick'][0] / done['tick'][1]:.2f}"
+        rows.append([str(ranks), variant, value("decode", 1, 1 / 1024, 1),
+                     value("decode", 0, 1e6, 1), value("ingest", 0, 1e6, 1),
+                     value("tick", 0, 1e3, 1), cores, timed["detect"], timed["diagnose"],
+                     value("diagnose", 1, 1, 3), value("diagnose", 2, 1, 3), timed["store"],
+                     value("store", 1, 1 / MIB, 1), timed["status"]])
     return _table(header, rows)
 
 
@@ -446,12 +506,12 @@ def main() -> None:
         if not args.skip_inproc:
             for variant in variants:
                 for ranks in sizes:
-                    costs[variant, ranks] = verdict_costs(ranks, variant == "compact",
+                    costs[variant, ranks] = inproc_costs(ranks, variant == "compact",
                                                           args.stage_cap)
                     print(f"[{time.monotonic() - started:5.0f} s] in-process {ranks} {variant} "
                           "done", file=sys.stderr, flush=True)
             path = os.path.join(prof, f"verdict-{args.profile_verdict_ranks}.prof")
-            verdict_costs(args.profile_verdict_ranks, True, 120, path)
+            inproc_costs(args.profile_verdict_ranks, True, 120, path)
             if os.path.exists(path):
                 profiles.append((f"diagnosis (decide with stacks + build_incident), in-process, "
                                  f"{args.profile_verdict_ranks} ranks compact", path))
@@ -459,14 +519,17 @@ def main() -> None:
             print("\nLIVE (coordinator process; 'st' = rank states; stall timeout "
                   f"{STALL_TIMEOUT_S:.0f} s)\n" + live_table(results))
         if costs:
-            print(f"\nIN-PROCESS verdict path (cap {args.stage_cap:.0f} s per stage)\n"
-                  + verdict_table(costs, args.stage_cap))
+            print(f"\nIN-PROCESS (cap {args.stage_cap:.0f} s per stage; est. cores: decode and "
+                  "ingest at 1 Hz, plus the healthy evaluation ticks)\n"
+                  + inproc_table(costs, args.stage_cap))
         if results and costs:
             print("\nTARGETS\n" + "\n".join(targets(results, costs, args.stage_cap)))
         for title, path in profiles:
             print(f"\nPROFILE {title} (cProfile, by tottime)")
             print("\n".join(profile_lines(path, args.top)))
-    print(f"\n(total {time.monotonic() - started:.0f} s on {psutil.cpu_count()} cores)")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n(total {time.monotonic() - started:.0f} s on {psutil.cpu_count()} cores; "
+          f"load average at the end {load})")
 
 
 if __name__ == "__main__":

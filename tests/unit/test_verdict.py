@@ -217,7 +217,8 @@ CASES = {
             exited(rank(2, entered(57, 3.3)), at=1803.2, code=1, clean=True),
             stalled=False,
         ),
-        (Kind.RANK_EXITED, (3,), (0, 1, 2), None),
+        # the peers died waiting in #57, which rank 3 never entered
+        (Kind.RANK_EXITED, (3,), (0, 1, 2), CollectiveRef("0", (0, 1, 2, 3), 57, "all_reduce")),
     ),
     "early exit while the others wait for it, before any stall": (
         snapshot(
