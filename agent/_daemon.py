@@ -132,8 +132,9 @@ class Agent:
                 targets.append(worker)
             else:
                 reason = "it has exited" if not worker.alive else "it is not a verified worker"
-                refused.append(RankStack(rank, worker.pid, error=f"not attaching: {reason}"))
-        stacks = await _stacks.dump_stacks([(w.rank, w.pid) for w in targets])
+                refused.append(RankStack(rank, worker.identity.pid,
+                                         error=f"not attaching: {reason}"))
+        stacks = await _stacks.dump_stacks([(w.identity.rank, w.identity.pid) for w in targets])
         with_logs = [replace(stack, nccl_log=_nccl_log(worker))
                      for stack, worker in zip(stacks, targets, strict=True)]
         return [*with_logs, *refused]

@@ -27,12 +27,7 @@ UNHOOKED_SCAN_S = 2.0
 
 @dataclass
 class Worker:
-    job_id: str
-    rank: int
-    local_rank: int
-    world_size: int
-    host: str
-    pid: int
+    identity: _beacon.Identity  # from its beacon, or from its environment without a hook
     start_ticks: int
     verified: bool
     beacon_path: str = ""  # empty: a torchrun worker without the hook (stacks only)
@@ -75,7 +70,7 @@ class WorkerTable:
 
     def find(self, job_id: str, rank: int) -> Worker | None:
         for worker in self.workers():
-            if worker.job_id == job_id and worker.rank == rank:
+            if worker.identity.job_id == job_id and worker.identity.rank == rank:
                 return worker
         return None
 
@@ -95,8 +90,7 @@ class WorkerTable:
             _remove_quietly(path)  # left behind by a job that ended while no agent watched
             return
         env = _procfs.read_environ(ident.pid, self._proc) if stat is not None else None
-        worker = Worker(ident.job_id, ident.rank, ident.local_rank, ident.world_size, ident.host,
-                        ident.pid, stat.start_ticks if stat else 0,
+        worker = Worker(ident, stat.start_ticks if stat else 0,
                         self._verify(ident, stat, env), path, _nccl_debug_file(env, ident.pid),
                         (env or {}).get("MASTER_ADDR", ""), mapping, snap)
         self._unhooked.pop(ident.pid, None)
@@ -118,20 +112,21 @@ class WorkerTable:
             try:
                 worker.snapshot = _beacon.read_beacon(worker.mapping)
             except BeaconError as e:
-                log.warning("rank %d of %s: %s", worker.rank, worker.job_id, e)
+                log.warning("rank %d of %s: %s", worker.identity.rank, worker.identity.job_id, e)
         if worker.alive and not self._still_running(worker):
             snap = worker.snapshot
             clean = snap is not None and snap.exit_state != _beacon.EXIT_RUNNING
             worker.exited_at = snap.exited_at if clean and snap is not None else now
-            log.info("rank %d of job %s (pid %d) exited", worker.rank, worker.job_id, worker.pid)
+            ident = worker.identity
+            log.info("rank %d of job %s (pid %d) exited", ident.rank, ident.job_id, ident.pid)
 
     def _still_running(self, worker: Worker) -> bool:
-        stat = _procfs.read_stat(worker.pid, self._proc)
+        stat = _procfs.read_stat(worker.identity.pid, self._proc)
         return stat is not None and not stat.gone and (
             worker.start_ticks == 0 or stat.start_ticks == worker.start_ticks)
 
     def _scan_proc(self, now: float) -> None:
-        known = {w.pid for w in self._by_path.values()}
+        known = {w.identity.pid for w in self._by_path.values()}
         for pid in _procfs.list_pids(self._proc):
             if pid in known or pid in self._unhooked:
                 continue
@@ -150,9 +145,11 @@ class WorkerTable:
         env = _procfs.read_environ(pid, self._proc)
         if env is None or not _env.is_torchrun_worker(env) or env.get(_env.AUTOINSTALL) == "1":
             return None  # not a worker, or a hooked one: its beacon (here or elsewhere) tells
-        return Worker(_env.job_id(env), _env.int_env(env, "RANK", 0),
-                      _env.int_env(env, "LOCAL_RANK", 0), _env.int_env(env, "WORLD_SIZE", 1),
-                      os.uname().nodename.split(".")[0], pid, stat.start_ticks, verified=True,
+        identity = _beacon.Identity(
+            _env.job_id(env), _env.int_env(env, "RANK", 0), _env.int_env(env, "LOCAL_RANK", 0),
+            _env.int_env(env, "WORLD_SIZE", 1), os.uname().nodename.split(".")[0], pid,
+            _procfs.start_time(stat, self._boot))
+        return Worker(identity, stat.start_ticks, verified=True,
                       nccl_debug_file=_nccl_debug_file(env, pid),
                       master_addr=env.get("MASTER_ADDR", ""))
 
@@ -183,9 +180,10 @@ def _remove_quietly(path: str) -> None:
 
 def rank_state(worker: Worker, now: float) -> RankState:
     """The report entry for one worker."""
-    stat = _procfs.read_stat(worker.pid) if worker.alive else None
-    base = RankState(job_id=worker.job_id, rank=worker.rank, local_rank=worker.local_rank,
-                     world_size=worker.world_size, host=worker.host, pid=worker.pid,
+    stat = _procfs.read_stat(worker.identity.pid) if worker.alive else None
+    ident = worker.identity
+    base = RankState(job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
+                     world_size=ident.world_size, host=ident.host, pid=ident.pid,
                      hooked=False, proc_state=stat.state if stat is not None else "",
                      heartbeat_age=None, steps=0, events=0, last_event_at=0.0,
                      exited_at=worker.exited_at)

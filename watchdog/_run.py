@@ -107,7 +107,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
 
 
 def _live_worker_pids(agent: Agent) -> list[int]:
-    return [w.pid for w in agent.table.workers() if w.alive and w.verified]
+    return [w.identity.pid for w in agent.table.workers() if w.alive and w.verified]
 
 
 async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,3 +30,14 @@ def job_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "WATCHDOG_BEACON_DIR": str(tmp_path / "beacons"),
             "WATCHDOG_DB": str(tmp_path / "incidents.db"), "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1"}
+
+
+def stop_process(proc: subprocess.Popen[str], grace: float = 20.0) -> str:
+    """SIGTERM, then SIGKILL after `grace` seconds; returns what the process printed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.communicate()[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import job_env
+from _harness import job_env, stop_process
 
 from watchdog._demo.run_demo import free_port, torchrun_command
 
@@ -45,14 +45,7 @@ class Daemons:
         self.logs.append(self.coordinator.communicate()[0])
 
     def stop(self) -> None:
-        for proc in (self.agent, self.coordinator):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            self.logs.append(proc.communicate()[0])
+        self.logs += [stop_process(proc) for proc in (self.agent, self.coordinator)]
 
 
 @pytest.fixture

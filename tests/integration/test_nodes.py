@@ -3,7 +3,6 @@ two agents and one coordinator over real gRPC on loopback."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import job_env
+from _harness import job_env, stop_process
 from test_daemons import WATCHDOG, status
 
 from watchdog._demo.run_demo import TRAIN_SCRIPT, free_port
@@ -53,16 +52,7 @@ class Cluster:
                 *train_args], node)
 
     def stop(self) -> str:
-        logs = []
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            logs.append(proc.communicate()[0])
-        return "\n---\n".join(logs)
+        return "\n---\n".join(stop_process(proc) for proc in reversed(self.procs))
 
     def wait_for(self, predicate: Any) -> dict[str, Any]:
         deadline = time.monotonic() + DEADLINE_S
