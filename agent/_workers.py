@@ -166,6 +166,13 @@ class WorkerTable:
             _remove_quietly(path)
 
 
+def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    """A group of the whole world goes out as (): every report would otherwise carry
+    world_size ranks per rank, 16k x 16k integers a second at scale. The coordinator reads ()
+    as the world for group 0, and as the ranks reporting the group for any other."""
+    return () if len(ranks) == world_size else ranks
+
+
 def _nccl_debug_file(env: dict[str, str] | None, pid: int) -> str:
     pattern = (env or {}).get("NCCL_DEBUG_FILE", "")
     return expand_nccl_debug_file(pattern, os.uname().nodename, pid) if pattern else ""
@@ -195,8 +202,8 @@ def rank_state(worker: Worker, now: float) -> RankState:
         base, hooked=True,
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
         steps=snap.steps, events=snap.events, last_event_at=snap.last_event_at,
-        groups=tuple(GroupProgress(g.name, g.ranks, g.entered_seq, g.op, g.completed_seq,
-                                   g.entered_at) for g in snap.groups),
+        groups=tuple(GroupProgress(g.name, _members(g.ranks, ident.world_size), g.entered_seq,
+                                   g.op, g.completed_seq, g.entered_at) for g in snap.groups),
         phase=snap.phase, phase_age=now - snap.phase_started if snap.phase else 0.0,
         phase_timeout=snap.phase_timeout,
         exit_code=exit_code if worker.exited_at is not None else None,

@@ -44,6 +44,7 @@ _RANKS = struct.Struct(f"<{MAX_LISTED_RANKS}i")
 _STEP = struct.Struct("<Qd")
 _EXIT = struct.Struct("<Iid")  # exit_state, exit_code, exited_at (n_groups left alone)
 _PHASE = struct.Struct("<32sdd")
+_N_GROUPS = struct.Struct("<I")
 
 OFF_SEQ = 16
 OFF_HEARTBEAT = 24
@@ -170,7 +171,7 @@ class BeaconWriter:
             _GROUP_META.pack_into(self._mm, base, name.encode()[:32], len(ranks), n_listed)
             _RANKS.pack_into(self._mm, base + _GROUP_META.size + _GROUP_HOT.size,
                              *listed, *([0] * (MAX_LISTED_RANKS - len(listed))))
-            struct.pack_into("<I", self._mm, OFF_N_GROUPS, slot + 1)
+            _N_GROUPS.pack_into(self._mm, OFF_N_GROUPS, slot + 1)
             self._end()
             self._entered.append(0)
             self._slots[name] = slot
@@ -252,7 +253,7 @@ def _parse(data: bytes) -> BeaconSnapshot:
                           phase_timeout, tuple(groups))
 
 
-def read_beacon(buf: bytes | mmap.mmap, attempts: int = 1000) -> BeaconSnapshot:
+def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
     """A consistent snapshot of a beacon, or BeaconError if it is not one or never settles."""
     if len(buf) < SIZE:
         raise BeaconError(f"beacon is {len(buf)} bytes, expected {SIZE}")
@@ -266,7 +267,9 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 1000) -> BeaconSnapshot:
         for _ in range(attempts):
             before = words[OFF_SEQ // 8]
             if not before & 1:
-                data = bytes(head)
+                # Only the slots in use: a short copy is less likely to overlap the next write.
+                n_groups = min(_N_GROUPS.unpack_from(head, OFF_N_GROUPS)[0], MAX_GROUPS)
+                data = bytes(head[:OFF_GROUPS + n_groups * GROUP_SLOT_SIZE])
                 if words[OFF_SEQ // 8] == before:
                     return _parse(data)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.

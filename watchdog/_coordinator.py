@@ -134,6 +134,8 @@ class Coordinator:
             job.observe(now)
             if job.evaluating or job.incident_open or (job.done and job.incident is not None):
                 continue
+            if not job.needs_judgement(now):
+                continue
             unreachable = self._unreachable(job, now)
             if unreachable is None:
                 continue  # a node missed a few reports: its ranks' state is not known yet

@@ -6,6 +6,7 @@ carries says the same thing the verdict was decided on.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -141,7 +142,7 @@ class Frontier:
     arrived: Mapping[int, GroupProgress]
     behind: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def waiters(self) -> tuple[int, ...]:
         return tuple(rank for rank, progress in self.arrived.items() if progress.pending)
 

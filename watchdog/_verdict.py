@@ -192,7 +192,8 @@ def _missing(job: StallView) -> Verdict | None:
         key=lambda f: (set(f.behind) <= set(culprits), len(f.waiters)),
     )
     ref = chosen.ref(_largest(chosen.ranks_by_op()))
-    others = [r for r in job.waiters(culprits) if r not in chosen.waiters]
+    there = set(chosen.waiters)
+    others = [r for r in job.waiters(culprits) if r not in there]
     summary = (
         f"{culprits_text(job, [r for r in chosen.behind if r in culprits])} never reached "
         f"{collective_text(ref)}; {ranks_text(chosen.waiters)} {verb(chosen.waiters, 'waits')} "

@@ -44,6 +44,7 @@ from watchdog._store import IncidentStore, incident_json
 
 RANKS_PER_NODE = 8
 REPORT_INTERVAL_S = 1.0
+MAX_BACKOFF_S = 4.0
 STEPS_PER_S = 2.0  # one DDP all_reduce per step, entered at forward, completed at the step
 SITE = "/opt/venv/lib/python3.11/site-packages"
 TRAIN = "/home/ml/train.py"
@@ -167,21 +168,30 @@ class _SimAgent:
         self.outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()  # None: a report
         self.report_queued = False
 
-    async def run(self, stub: pb_grpc.CoordinatorStub) -> None:
-        """Until the stream fails (recorded, not raised: the other agents go on)."""
+    async def run(self, stub: pb_grpc.CoordinatorAsyncStub) -> None:
+        """Stream until cancelled; a failed stream is recorded and reopened after a backoff, as
+        the real agent does."""
         ticker = asyncio.create_task(self._tick())
+        backoff = 0.5
         try:
-            async for message in stub.Connect(self._outgoing()):
-                request = _wire.coordinator_message_from_pb(message)
-                if request is not None:
-                    self.counters.stack_requests += 1
-                    stacks = tuple(self.sim.stack(rank) for rank in request.ranks)
-                    reply = StackReply(request.request_id, self.sim.node_name(self.node), stacks)
-                    self.outbox.put_nowait(_wire.stacks_to_pb(reply))
-        except grpc.aio.AioRpcError as e:
-            self.counters.stream_errors.append(f"{e.code().name}: {e.details()}")
+            while True:
+                try:
+                    await self._stream(stub)
+                except grpc.aio.AioRpcError as e:
+                    self.counters.stream_errors.append(f"{e.code().name}: {e.details()}")
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, MAX_BACKOFF_S)
         finally:
             ticker.cancel()
+
+    async def _stream(self, stub: pb_grpc.CoordinatorAsyncStub) -> None:
+        async for message in stub.Connect(self._outgoing()):
+            request = _wire.coordinator_message_from_pb(message)
+            if request is not None:
+                self.counters.stack_requests += 1
+                stacks = tuple(self.sim.stack(rank) for rank in request.ranks)
+                reply = StackReply(request.request_id, self.sim.node_name(self.node), stacks)
+                self.outbox.put_nowait(_wire.stacks_to_pb(reply))
 
     async def _tick(self) -> None:
         """Report every second at this node's own phase; a report not yet sent is not doubled
@@ -238,7 +248,7 @@ async def _agents(conn: Connection, address: str, sim: SimJob, nodes_per_channel
             sim.hung_at = time.time()
             return sim.hung_at
         return {"reports": counters.reports, "stack_requests": counters.stack_requests,
-                "culprit": sim.culprit, "stream_errors": counters.stream_errors[:3],
+                "stream_errors": counters.stream_errors[:3],
                 "failed_streams": len(counters.stream_errors)}
 
     _serve_commands(conn, handle)

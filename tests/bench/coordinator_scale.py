@@ -136,12 +136,13 @@ def run_live(ranks: int, compact: bool, args: argparse.Namespace, profile: str |
         agents = stack.enter_context(
             Child(run_agents, address, ranks, compact, args.nodes_per_channel))
         if _ramp(live, coord, args) and _window(live, coord, agents, args):
-            if profile is not None and _profile(coord, profile, args):
-                live.note += f"profile: {profile}; "
+            if profile is not None:
+                _profile(coord, profile, args)
             _hang(live, coord, agents, args)
         sent = ask(agents.conn, 10, "stats")
         if sent and sent["failed_streams"]:
-            live.note += f"{sent['failed_streams']} agent streams failed: {sent['stream_errors']}; "
+            live.note += (f"{sent['failed_streams']} agent streams failed and were reopened "
+                          f"({', '.join(sorted(set(sent['stream_errors'])))}); ")
     return live
 
 
@@ -157,8 +158,7 @@ def _ramp(live: Live, coord: Child, args: argparse.Namespace) -> bool:
         if not _sleep_watching(live, coord, 0.5, args):
             return False
     live.ramp_s = time.monotonic() - start
-    if live.known < live.ranks:
-        live.note += f"ramp: {live.known}/{live.ranks} ranks known after {args.ramp_cap:.0f} s; "
+    live.note += f"{live.known}/{live.ranks} ranks known after {live.ramp_s:.0f} s; "
     return _sleep_watching(live, coord, SETTLE_S, args)
 
 
@@ -190,11 +190,10 @@ def _thread_seconds(process: psutil.Process, thread_id: int) -> float:
     return next(t.user_time + t.system_time for t in process.threads() if t.id == thread_id)
 
 
-def _profile(coord: Child, path: str, args: argparse.Namespace) -> bool:
-    if ask(coord.conn, 30, "profile_on") is None:
-        return False
-    time.sleep(args.profile_window)
-    return ask(coord.conn, 60, "profile_off", path) is not None
+def _profile(coord: Child, path: str, args: argparse.Namespace) -> None:
+    if ask(coord.conn, 30, "profile_on") is not None:
+        time.sleep(args.profile_window)
+        ask(coord.conn, 60, "profile_off", path)
 
 
 def _hang(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -> None:
@@ -202,7 +201,9 @@ def _hang(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -> 
         live.note += "hang skipped: not every rank known; "
         return
     hung_at = ask(agents.conn, 30, "hang")
-    culprit = ask(agents.conn, 30, "stats")["culprit"]
+    if hung_at is None:
+        live.note += "the load generator did not answer; "
+        return
     deadline = time.monotonic() + STALL_TIMEOUT_S + REPORT_INTERVAL_S + args.verdict_cap
     stats: dict[str, Any] | None = None
     while time.monotonic() < deadline:
@@ -225,6 +226,7 @@ def _hang(live: Live, coord: Child, agents: Child, args: argparse.Namespace) -> 
     live.hang_to_incident_s = incident["at"] - hung_at
     if stats["detections"]:
         live.detect_to_incident_s = incident["at"] - detected_at
+    culprit = SimJob(live.ranks, compact=True, started_at=0.0).culprit
     right = incident["kind"] == Kind.MISSING_RANKS and incident["culprits"] == [culprit]
     live.verdict = (f"{incident['kind']} {'culprit ok' if right else incident['culprits']}, "
                     f"{incident['stacks']} stacks, {incident['json_bytes'] / MIB:.1f} MiB")
@@ -250,55 +252,58 @@ def inproc_stages(conn: Connection, ranks: int, compact: bool, profile: str | No
     """Child process: send (stage, seconds, *detail) as each stage completes."""
     with tempfile.TemporaryDirectory() as tmp:
         store = IncidentStore(os.path.join(tmp, "incidents.db"))
-        policy = StallPolicy(fixed=STALL_TIMEOUT_S)
-        coordinator = Coordinator(store, policy)
-        now = time.time()
-        sim = SimJob(ranks, compact, started_at=now - 600)
-        reports = [sim.report(node, now) for node in range(sim.nodes)]
-        conn.send(("decode", *_decode_cost(reports, compact)))
-        start = time.process_time()
+        coordinator = Coordinator(store, StallPolicy(fixed=STALL_TIMEOUT_S))
+        sim = SimJob(ranks, compact, started_at=time.time() - 600)
+        _time_ingest(conn, coordinator, sim)
+        _time_diagnosis(conn, coordinator, sim, profile)
+        store.close()
+
+
+def _time_ingest(conn: Connection, coordinator: Coordinator, sim: SimJob) -> None:
+    now = time.time()
+    reports = [sim.report(node, now) for node in range(sim.nodes)]
+    conn.send(("decode", *_decode_cost(reports, sim.compact)))
+    start = time.process_time()
+    for report in reports:
+        coordinator.ingest(report)
+    conn.send(("ingest", (time.process_time() - start) / sim.world_size))
+    ticks = []
+    for _ in range(5):  # each right after fresh reports: silent nodes skip the evaluation
         for report in reports:
             coordinator.ingest(report)
-        conn.send(("ingest", (time.process_time() - start) / ranks))
-        ticks = []
-        for _ in range(5):  # each right after fresh reports: silent nodes skip the evaluation
-            for report in reports:
-                coordinator.ingest(report)
-            ticks.append(_seconds(coordinator.evaluate_all))
-        conn.send(("tick", min(ticks), coordinator.tick))
+        ticks.append(_seconds(coordinator.evaluate_all))
+    conn.send(("tick", min(ticks), coordinator.tick))
 
-        now = time.time()
-        sim.hung_at = now - STALL_TIMEOUT_S - 3
-        for node in range(sim.nodes):
-            coordinator.ingest(sim.report(node, now))
-        job = coordinator.jobs[sim.job_id]
-        job.observe(now - STALL_TIMEOUT_S - 2)  # the last change seen: stalled at `now`
-        start = time.process_time()
-        verdict = decide(job.snapshot(now))
-        conn.send(("detect", time.process_time() - start))
 
-        stacks = {rank: sim.stack(rank) for rank in range(ranks)}
-        profiler = cProfile.Profile()
-        if profile:
-            profiler.enable()
-        start = time.process_time()
-        snapshot = job.snapshot(now, stacks)
-        verdict = decide(snapshot)
-        decided = time.process_time()
-        assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
-        nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
-        incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
-        built = time.process_time()
-        profiler.disable()
-        if profile:
-            profiler.dump_stats(profile)
-        conn.send(("diagnose", built - start, decided - start, built - decided))
+def _time_diagnosis(conn: Connection, coordinator: Coordinator, sim: SimJob,
+                    profile: str | None) -> None:
+    now = time.time()
+    sim.hung_at = now - STALL_TIMEOUT_S - 3
+    for node in range(sim.nodes):
+        coordinator.ingest(sim.report(node, now))
+    job = coordinator.jobs[sim.job_id]
+    job.observe(now - STALL_TIMEOUT_S - 2)  # the last change seen: stalled at `now`
+    conn.send(("detect", _seconds(lambda: decide(job.snapshot(now)))))
 
-        start = time.process_time()
-        store.add(incident)
-        conn.send(("store", time.process_time() - start, len(incident_json(incident))))
-        conn.send(("status", _seconds(lambda: json.dumps(coordinator.job_status(job, now)))))
-        store.close()
+    stacks = {rank: sim.stack(rank) for rank in range(sim.world_size)}
+    profiler = cProfile.Profile()
+    if profile:
+        profiler.enable()
+    start = time.process_time()
+    snapshot = job.snapshot(now, stacks)
+    verdict = decide(snapshot)
+    decided = time.process_time()
+    assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
+    nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
+    incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
+    built = time.process_time()
+    profiler.disable()
+    if profile:
+        profiler.dump_stats(profile)
+    conn.send(("diagnose", built - start, decided - start, built - decided))
+    conn.send(("store", _seconds(lambda: coordinator.store.add(incident)),
+               len(incident_json(incident))))
+    conn.send(("status", _seconds(lambda: json.dumps(coordinator.job_status(job, now)))))
 
 
 def _decode_cost(reports: list[NodeReport], compact: bool) -> tuple[float, int]:
@@ -360,17 +365,21 @@ def live_table(results: list[Live]) -> str:
 
 def _stage_seconds(costs: dict[int, dict[str, list[Any]]], ranks: int, stage: str,
                    cap: float) -> tuple[str, float]:
-    """'0.123', or '>15 (~130)' with an estimate from the two nearest smaller sizes' growth."""
+    """'0.123'; for a stage past the cap '>15 (~130 est., n^2.0)', with an estimate from the
+    two nearest smaller sizes' growth; for a stage never reached (an earlier one was past the
+    cap) 'n/r (~0.21 est., n^1.0)'."""
     if stage in costs[ranks]:
         seconds = float(costs[ranks][stage][0])
         return f"{seconds:.3f}", seconds
+    first_missing = next(s for s in STAGES if s not in costs[ranks])
+    text = f">{cap:.0f}" if stage == first_missing else "n/r"
     smaller = sorted(n for n in costs if n < ranks and stage in costs[n])[-2:]
     if len(smaller) < 2:
-        return f">{cap:.0f}", math.inf
+        return text, math.inf
     (n1, n2), (t1, t2) = smaller, (costs[n][stage][0] for n in smaller)
     power = math.log(t2 / t1) / math.log(n2 / n1)
     estimate = t2 * (ranks / n2) ** power
-    return f">{cap:.0f} (~{estimate:.0f}, n^{power:.1f})", estimate
+    return f"{text} (~{estimate:.2g} est., n^{power:.1f})", estimate
 
 
 def _cell(done: dict[str, list[Any]], stage: str, index: int, scale: float, digits: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import random
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,6 +137,11 @@ def _write_forever(writer: BeaconWriter, slot: int) -> None:
         seq = writer.enter(slot, f"op{seq + 1}".encode(), float(seq + 1))
         writer.complete(slot, seq)
         writer.step(seq, float(seq))
+        # A few microseconds between rounds, as between a rank's collectives: a writer that
+        # never pauses starves any seqlock reader, which is not what this test is about.
+        pause_until = time.perf_counter() + 5e-6
+        while time.perf_counter() < pause_until:
+            pass
 
 
 def test_concurrent_reader_never_sees_a_torn_record(tmp_path: Path) -> None:

@@ -1,0 +1,69 @@
+"""The protobuf adapter: what goes out comes back equal; what is malformed is rejected."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from watchdog import _wire
+from watchdog._errors import MessageRejectedError
+from watchdog._model import Frame, GroupProgress, NodeReport, RankStack, RankState, StackReply
+from watchdog._proto import watchdog_pb2 as pb
+
+RANK = RankState(
+    job_id="train-20261202-141736-9a601b", rank=1, local_rank=1, world_size=4, host="node-a",
+    pid=4243, hooked=True, proc_state="S", heartbeat_age=0.2, steps=56, events=171,
+    last_event_at=1764680003.2,
+    groups=(GroupProgress("0", (), 57, "all_reduce", 56, 1764680003.2),
+            GroupProgress("1", (0, 1), 5, "all_reduce", 4, 1764680001.0)),
+    phase="checkpoint", phase_age=3.5, phase_timeout=600.0)
+
+
+def through_the_wire(report: NodeReport) -> NodeReport | StackReply:
+    raw = _wire.report_to_pb(report).SerializeToString()
+    return _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+
+
+def test_node_report_round_trip_keeps_every_field() -> None:
+    exited = replace(RANK, rank=3, exited_at=1764680010.0, exit_code=0, clean_exit=True,
+                     proc_state="", heartbeat_age=None)
+    report = NodeReport("node-a", 1764680011.0, (RANK, exited))
+    assert through_the_wire(report) == report
+
+
+def test_stack_reply_round_trip() -> None:
+    stack = RankStack(1, 4243, (Frame("read_sample_from_storage", "train.py", 45),),
+                      nccl_log=("node-a:4243:4300 [1] misc/socket.cc:521 NCCL WARN Net : x",))
+    reply = StackReply(7, "node-a", (stack, RankStack(2, 4244, error="process 4244 has exited")))
+    raw = _wire.stacks_to_pb(reply).SerializeToString()
+    assert _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw)) == reply
+
+
+@pytest.mark.parametrize("broken", [
+    replace(RANK, job_id=""),
+    replace(RANK, rank=4),
+    replace(RANK, world_size=0),
+    replace(RANK, local_rank=-2),
+    replace(RANK, host="h" * (_wire.MAX_TEXT + 1)),
+    replace(RANK, last_event_at=math.nan),
+    replace(RANK, heartbeat_age=math.inf),
+    replace(RANK, groups=(GroupProgress("1", (0, -5), 1, "all_reduce", 0, 1.0),)),
+    replace(RANK, groups=(GroupProgress("1", (0, 1), 1, "x" * 5000, 0, 1.0),)),
+])
+def test_malformed_rank_states_are_rejected(broken: RankState) -> None:
+    with pytest.raises(MessageRejectedError):
+        through_the_wire(NodeReport("node-a", 1.0, (broken,)))
+
+
+def test_too_many_frames_are_rejected() -> None:
+    frames = tuple(Frame("f", "f.py", n) for n in range(_wire.MAX_FRAMES + 1))
+    raw = _wire.stacks_to_pb(StackReply(1, "n", (RankStack(0, 1, frames),))).SerializeToString()
+    with pytest.raises(MessageRejectedError):
+        _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+
+
+def test_an_empty_message_is_rejected() -> None:
+    with pytest.raises(MessageRejectedError):
+        _wire.agent_message_from_pb(pb.AgentMessage())
