@@ -187,8 +187,8 @@ def _remove_quietly(path: str) -> None:
 
 def rank_state(worker: Worker, now: float) -> RankState:
     """The report entry for one worker."""
-    stat = _procfs.read_stat(worker.identity.pid) if worker.alive else None
     ident = worker.identity
+    stat = _procfs.read_stat(ident.pid) if worker.alive else None
     base = RankState(job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
                      world_size=ident.world_size, host=ident.host, pid=ident.pid,
                      hooked=False, proc_state=stat.state if stat is not None else "",

@@ -293,8 +293,7 @@ def _node_unreachable(job: StallView) -> Verdict | None:
     node = snapshot.unreachable_nodes[0]
     summary = (f"node {', '.join(snapshot.unreachable_nodes)} stopped reporting: the state of "
                f"{ranks_text(lost) if lost else 'its ranks'} is unknown; the job made no "
-               "progress for "
-               f"{snapshot.stalled_for:.0f} s")
+               f"progress for {snapshot.stalled_for:.0f} s")
     return Verdict(Kind.NODE_UNREACHABLE, summary, (), job.waiters(excluding=lost), node=node)
 
 
