@@ -39,6 +39,8 @@ CHANNEL_OPTIONS = [
 AgentMessage = NodeReport | StackReply
 Context = grpc.aio.ServicerContext[Any, Any]
 NOT_A_MESSAGE = "not a protobuf message of the expected type"
+# Sent by Connect before anything else: the call got past the token check.
+ACCEPTED_KEY = "watchdog-accepted"
 
 
 SESSION_OUTBOX = 64
@@ -72,6 +74,7 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         self, request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext[pb.AgentMessage, pb.CoordinatorMessage],
     ) -> AsyncIterator[pb.CoordinatorMessage]:
+        await context.send_initial_metadata(((ACCEPTED_KEY, "1"),))
         session = self._handler.open_session(context.peer())
         reader = asyncio.create_task(self._read(request_iterator, session))
         try:
@@ -208,8 +211,13 @@ class CoordinatorClient:
 
     async def connect(self, outgoing: AsyncIterator[AgentMessage]) -> AsyncIterator[StackRequest]:
         """Stream `outgoing` to the coordinator; yields the requests it sends back."""
-        call = self._stub.Connect(_agent_messages_to_pb(outgoing), metadata=self._metadata)
+        call = self._stub.Connect(metadata=self._metadata)
+        writer: asyncio.Task[None] | None = None
         try:
+            # A write racing the coordinator's refusal makes grpc.aio report INTERNAL in place of
+            # the refusal (grpc/grpc#36066): nothing is written until the coordinator accepts.
+            if (await call.initial_metadata()).get(ACCEPTED_KEY):
+                writer = asyncio.create_task(_write_all(call, outgoing))
             async for message in call:
                 try:
                     request = _wire.coordinator_message_from_pb(message)
@@ -222,12 +230,30 @@ class CoordinatorClient:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise self._refused(e) from e
             raise
+        except asyncio.CancelledError:
+            if writer is not None and writer.done() and not writer.cancelled():
+                raise CoordinatorUnreachableError(
+                    f"stream to {self.address} ended: {writer.exception()!r}") from None
+            raise
+        finally:
+            if writer is not None:
+                writer.cancel()
 
     def _refused(self, e: grpc.aio.AioRpcError) -> AuthError:
         return AuthError(f"coordinator at {self.address} refused the call: {e.details()}")
 
 
-async def _agent_messages_to_pb(
-        outgoing: AsyncIterator[AgentMessage]) -> AsyncIterator[pb.AgentMessage]:
-    async for item in outgoing:
-        yield _wire.report_to_pb(item) if isinstance(item, NodeReport) else _wire.stacks_to_pb(item)
+async def _write_all(call: grpc.aio.StreamStreamCall[pb.AgentMessage, pb.CoordinatorMessage],
+                     outgoing: AsyncIterator[AgentMessage]) -> None:
+    """Writes `outgoing` until it ends; anything but the call's own end cancels the call, so
+    that its reader stops too."""
+    try:
+        async for item in outgoing:
+            await call.write(_wire.report_to_pb(item) if isinstance(item, NodeReport)
+                             else _wire.stacks_to_pb(item))
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        return  # the call has ended: its reader reports the status
+    except BaseException:
+        call.cancel()
+        raise
