@@ -132,7 +132,7 @@ class Coordinator:
         tasks = []
         for job in self.jobs.values():
             job.observe(now)
-            if job.evaluating or job.incident_open or (job.done and job.incident is not None):
+            if job.evaluating or job.incident_open or (job.incident is not None and job.done):
                 continue
             if not job.needs_judgement(now):
                 continue
@@ -183,9 +183,12 @@ class Coordinator:
 
     async def gather_stacks(self, job: JobView, ranks: tuple[int, ...]) -> dict[int, RankStack]:
         """Ask each node's agent for its ranks' stacks; wait a bounded time for each."""
+        by_node: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_node.setdefault(job.nodes.get(rank, ""), []).append(rank)
         futures = []
         for session in list(self._sessions):
-            local = tuple(r for r in ranks if job.nodes.get(r) == session.node)
+            local = tuple(by_node.get(session.node, ()))
             if not local or session.outbox.full():
                 continue
             request_id = next(self._request_ids)

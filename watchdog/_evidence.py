@@ -45,8 +45,15 @@ _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and 
 
 def is_library_frame(frame: Frame) -> bool:
     """Installed packages, the standard library, and this package's own hook wrappers."""
-    own = frame.file.startswith(_OWN_DIR) and not frame.file.startswith(_DEMO_DIR)
-    return own or _LIBRARY_PATH.search(frame.file) is not None
+    return _is_library_file(frame.file)
+
+
+# The stacks of 16k ranks repeat a few dozen files: a diagnosis asks about each file thousands
+# of times.
+@functools.lru_cache(maxsize=4096)
+def _is_library_file(file: str) -> bool:
+    own = file.startswith(_OWN_DIR) and not file.startswith(_DEMO_DIR)
+    return own or _LIBRARY_PATH.search(file) is not None
 
 
 def stuck_frame(frames: Sequence[Frame]) -> Frame | None:

@@ -117,7 +117,8 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, nccl_log: Sequence[str]) -
         "last_collective": _last_collective(rank),
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in frames],
         "nccl_log": list(nccl_log),
-        "nccl_findings": [finding.to_json() for finding in explain_lines(nccl_log)],
+        "nccl_findings": [finding.to_json() for finding in explain_lines(nccl_log)]
+                          if nccl_log else [],
         "exit_code": rank.exit_code,
         "heartbeat_age": rank.heartbeat_age,
         "phase": rank.phase,

@@ -26,25 +26,45 @@ class JobView:
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
-        # Kept up to date on each update: the coordinator reads them every tick, and at 16k
-        # ranks a scan per read was a sixth of its CPU.
+        # Running totals, kept up to date on each update: the coordinator reads them every tick,
+        # and at 16k ranks scanning every rank per read was a sixth of its CPU.
         self.world_size = 0
         self._events = 0
+        self._hooked = 0
+        self._exited = 0
+        self._warming = 0  # hooked ranks that finished no step yet
+        self._unjoined = 0  # hooked ranks in no process group yet
+        self._in_phase: set[int] = set()
         self._started = False
 
     def update(self, node: str, state: RankState) -> None:
         previous = self.ranks.get(state.rank)
-        self._events += state.events - (previous.events if previous is not None else 0)
+        if previous is not None:
+            self._count(previous, -1)
+        self._count(state, 1)
         self.world_size = max(self.world_size, state.world_size)
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
+
+    def _count(self, state: RankState, sign: int) -> None:
+        self._events += sign * state.events
+        self._hooked += sign * state.hooked
+        self._exited += sign * (not state.alive)
+        self._warming += sign * (state.hooked and state.steps == 0
+                                 and state.events < WARM_EVENTS)
+        self._unjoined += sign * (state.hooked and not state.groups)
+        if state.phase and state.alive:
+            if sign > 0:
+                self._in_phase.add(state.rank)
+            else:
+                self._in_phase.discard(state.rank)
 
     def events_total(self) -> int:
         return self._events + self.probe_progress
 
     @property
     def stacks_only(self) -> bool:
-        return bool(self.ranks) and not any(r.hooked for r in self.ranks.values())
+        return bool(self.ranks) and not self._hooked
 
     def stacks_moved(self, stacks: dict[int, RankStack]) -> bool:
         """Whether any rank's stack differs from the last look (the first look counts as a
@@ -64,11 +84,9 @@ class JobView:
         silence, even under a fixed --stall-timeout. Ranks without a hook count no steps; their
         progress is judged from their stacks instead.
         """
-        warming_up = any(r.hooked and r.steps == 0 and r.events < WARM_EVENTS
-                         for r in self.ranks.values())
-        phases = (r.phase_timeout for r in self.ranks.values()
-                  if r.alive and r.phase and r.phase_age < r.phase_timeout)
-        return max([self.policy.warmup if warming_up else 0.0, *phases])
+        phases = (r.phase_timeout for r in map(self.ranks.__getitem__, self._in_phase)
+                  if r.phase_age < r.phase_timeout)
+        return max([self.policy.warmup if self._warming else 0.0, *phases])
 
     @property
     def started(self) -> bool:
@@ -77,8 +95,8 @@ class JobView:
         Until then importing torch and the rendezvous are slow on their own; the stall clock
         starts here, and the warm-up grace follows. Once over, it stays over.
         """
-        self._started = self._started or (0 < self.world_size <= len(self.ranks) and all(
-            r.groups or not r.hooked for r in self.ranks.values()))
+        self._started = self._started or (0 < self.world_size <= len(self.ranks)
+                                          and not self._unjoined)
         return self._started
 
     def observe(self, now: float) -> None:
@@ -95,14 +113,16 @@ class JobView:
     @property
     def done(self) -> bool:
         """Every rank exited, or a rank exit was already diagnosed: nothing more to decide."""
-        everyone_left = len(self.ranks) >= self.world_size and not any(
-            r.alive for r in self.ranks.values())
         exit_reported = self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED
-        return everyone_left or exit_reported
+        return self.everyone_left or exit_reported
+
+    @property
+    def everyone_left(self) -> bool:
+        return self.world_size <= len(self.ranks) == self._exited
 
     def needs_judgement(self, now: float) -> bool:
         """A rank left, or the job stalled: only then is a full snapshot worth building."""
-        return (any(not r.alive for r in self.ranks.values())
+        return (self._exited > 0
                 or self.tracker.is_stalled(now, phase_timeout=self.grace()))
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
@@ -115,9 +135,8 @@ class JobView:
             rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes)
 
     def state(self, now: float) -> str:
-        ranks = list(self.ranks.values())
-        if ranks and len(ranks) >= self.world_size and not any(r.alive for r in ranks):
-            clean = all(r.clean_exit and r.exit_code == 0 for r in ranks)
+        if self.ranks and self.everyone_left:
+            clean = all(r.clean_exit and r.exit_code == 0 for r in self.ranks.values())
             return "FINISHED" if clean and self.incident is None else "FAILED"
         if self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED:
             return "FAILED"

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 WORLD_GROUP = "0"  # c10d names the default process group "0"
 
 
-@dataclass(frozen=True)
+# GroupProgress and RankState arrive 16k a second at scale: slotted and not frozen, since a frozen
+# dataclass's __init__ cost 3.7 us more per rank state (a fifth of decoding one). Nothing
+# mutates them after _wire builds them.
+@dataclass(slots=True)
 class GroupProgress:
     """One rank's view of one process group: the last collective it entered and completed."""
 
@@ -46,7 +49,7 @@ class RankStack:
     nccl_log: tuple[str, ...] = ()  # the relevant tail of the rank's NCCL_DEBUG_FILE
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RankState:
     """What an agent knows about one training process; one per rank in a node report."""
 

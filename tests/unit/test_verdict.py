@@ -6,6 +6,7 @@ step 56 the world group stands at #56 completed, and a rank inside step 57 has #
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -126,8 +127,8 @@ def rank(number: int, *groups: GroupProgress, **changes: Any) -> RankState:
 
 
 def exited(state: RankState, at: float, code: int | None, clean: bool) -> RankState:
-    fields = {**state.__dict__, "exited_at": T0 + at, "exit_code": code, "clean_exit": clean}
-    return RankState(**{**fields, "proc_state": ""})
+    return dataclasses.replace(state, exited_at=T0 + at, exit_code=code, clean_exit=clean,
+                               proc_state="")
 
 
 def snapshot(

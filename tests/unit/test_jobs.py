@@ -1,0 +1,105 @@
+"""The coordinator's JobView: its running totals must match the ranks' latest states, whatever
+sequence of reports led there (states shaped like those of the 4-rank demo job)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_verdict import T0, done, rank
+
+from watchdog._jobs import WARM_EVENTS, JobView
+from watchdog._model import RankState
+from watchdog._stall import StallPolicy
+
+POLICY = StallPolicy(warmup=60.0)
+
+
+def view(*states: RankState) -> JobView:
+    job = JobView("job", POLICY)
+    for state in states:
+        job.update(f"node-{state.rank // 2}", state)
+    return job
+
+
+def joined(number: int, **changes: object) -> RankState:
+    return rank(number, done(56, 2.0), **changes)
+
+
+def left(state: RankState, code: int = 0) -> RankState:
+    return dataclasses.replace(state, exited_at=T0 + 5, exit_code=code, clean_exit=True,
+                               proc_state="")
+
+
+def test_start_up_ends_once_every_hooked_rank_joined_a_group() -> None:
+    job = view(*(joined(n) for n in range(3)), rank(3))
+    assert not job.started
+    job.update("node-1", joined(3))
+    assert job.started
+    job.update("node-1", rank(3))  # once over, start-up stays over
+    assert job.started
+
+
+def test_ranks_without_a_hook_need_no_group() -> None:
+    assert view(*(rank(n, hooked=False) for n in range(4))).started
+
+
+def test_warm_up_grace_lasts_until_every_hooked_rank_stepped() -> None:
+    cold = dict(steps=0, events=WARM_EVENTS - 1)
+    job = view(*(joined(n) for n in range(3)), joined(3, **cold))
+    assert job.grace() == POLICY.warmup
+    job.update("node-1", joined(3, steps=1))
+    assert job.grace() == 0.0
+    assert view(*(joined(n, hooked=False, **cold) for n in range(4))).grace() == 0.0
+
+
+def test_declared_phase_grace_ends_with_the_phase_or_the_rank() -> None:
+    saving = joined(1, phase="checkpoint", phase_age=30.0, phase_timeout=600.0)
+    job = view(joined(0), saving, joined(2), joined(3))
+    assert job.grace() == 600.0
+    job.update("node-0", dataclasses.replace(saving, phase_age=601.0))
+    assert job.grace() == 0.0
+    job.update("node-0", saving)
+    job.update("node-0", left(saving))
+    assert job.grace() == 0.0
+
+
+def test_an_exit_asks_for_judgement_and_the_last_exit_ends_the_job() -> None:
+    states = [joined(n) for n in range(4)]
+    job = view(*states)
+    assert not job.needs_judgement(T0) and not job.done
+    job.update("node-1", left(states[3]))
+    assert job.needs_judgement(T0) and not job.done
+    for state in states[:3]:
+        job.update("node-0", left(state))
+    assert job.done and job.state(T0) == "FINISHED"
+
+
+def test_events_total_counts_each_rank_once() -> None:
+    job = view(*(joined(n, events=10) for n in range(4)))
+    job.update("node-0", joined(0, events=25))
+    assert job.events_total() == 10 * 3 + 25
+
+
+def totals(job: JobView, now: float) -> tuple[object, ...]:
+    return (job.events_total(), job.world_size, job.grace(), job.done,
+            job.stacks_only, job.needs_judgement(now), job.state(now))
+
+
+STATES = st.builds(
+    lambda number, hooked, steps, events, grouped, phase_age, gone: (
+        lambda state: left(state, code=1) if gone else state)(
+        rank(number, *([done(56, 2.0)] if grouped else []), hooked=hooked, steps=steps,
+             events=events, phase="save" if phase_age is not None else "",
+             phase_age=phase_age or 0.0, phase_timeout=300.0 if phase_age is not None else 0.0)),
+    st.integers(0, 3), st.booleans(), st.integers(0, 2), st.integers(0, 2 * WARM_EVENTS),
+    st.booleans(), st.none() | st.floats(0, 600), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(STATES, max_size=24))
+def test_totals_depend_only_on_each_ranks_latest_state(history: list[RankState]) -> None:
+    """Running totals after any history equal those of a view fed only the latest states."""
+    latest = {state.rank: state for state in history}
+    assert totals(view(*history), T0) == totals(view(*latest.values()), T0)
