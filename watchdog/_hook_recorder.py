@@ -23,6 +23,20 @@ NO_PHASE = ("", 0.0, 0.0)
 class Recorder:
     """The single recorder of one rank; `enabled` is False in forked children and after a fault."""
 
+    # Its attributes are read several times per training step: slots make each read one load.
+    __slots__ = (
+        "_manual_steps",
+        "_pending",
+        "_phase",
+        "_steps",
+        "enabled",
+        "exited",
+        "failed",
+        "identity",
+        "pid",
+        "writer",
+    )
+
     def __init__(self, writer: BeaconWriter, identity: Identity) -> None:
         self.writer = writer
         self.identity = identity
@@ -64,15 +78,16 @@ class Recorder:
 
     def enter_pending(self, slot: int, op: bytes) -> None:
         """Record a collective whose end Python never sees: it completes at the next event."""
-        self.leave_pending(slot, self.enter(slot, op))
+        seq = self.enter(slot, op)
+        self._pending.append((slot, seq))
 
     def leave_pending(self, slot: int, seq: int) -> None:
         self._pending.append((slot, seq))
 
     def _complete_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        for slot, seq in pending:
+        for slot, seq in self._pending:
             self.writer.complete(slot, seq)
+        self._pending.clear()
 
     def step(self, manual: bool) -> None:
         """Count a training step. Once `watchdog.step()` is used, optimizer steps stop counting,
@@ -82,11 +97,12 @@ class Recorder:
         try:
             if manual:
                 self._manual_steps = True
-            if self._pending:
-                self._complete_pending()
             if manual or not self._manual_steps:
                 self._steps += 1
-                self.writer.step(self._steps, time.time())
+                self.writer.step(self._steps, time.time(), self._pending)
+                self._pending.clear()
+            elif self._pending:
+                self._complete_pending()
         except Exception as e:
             self.fail(e)
 

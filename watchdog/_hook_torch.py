@@ -230,6 +230,6 @@ class TorchPatches:
         rec = self._rec
 
         def count_step(optimizer: object, args: object, kwargs: object) -> None:
-            rec.step(manual=False)
+            rec.step(False)
 
         module.register_optimizer_step_post_hook(count_step)

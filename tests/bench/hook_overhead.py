@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from watchdog._beacon import BeaconWriter, Identity  # noqa: E402
+from watchdog._demo.run_demo import free_port  # noqa: E402
 from watchdog._hook_recorder import Recorder  # noqa: E402
 from watchdog._hook_torch import TorchPatches  # noqa: E402
 
@@ -37,6 +37,7 @@ WARMUP_STEPS, STEPS = 200, 3000  # STEPS each way, in a random order
 # Hidden widths of the MLP: a sub-millisecond step, where the hook's fixed cost per step shows
 # most, and a few-millisecond one, still far shorter than a GPU training step.
 WIDTHS = (64, 512)
+BOOTSTRAP = 400
 
 
 def per_call_ns(call: Any, n: int) -> float:
@@ -111,28 +112,32 @@ def ddp_worker(out: str, width: int) -> None:
 
 
 def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
-    """Ratio of medians, and the same ratio between two random halves of the unhooked steps:
-    the noise floor of this machine."""
-    halves = random.Random(1).sample(unhooked, len(unhooked))
+    """Ratio of medians with a 90% bootstrap interval, and the same ratio between two random
+    halves of the unhooked steps: the noise floor of this machine."""
+    rng = random.Random(1)
+    halves = rng.sample(unhooked, len(unhooked))
     noise = statistics.median(halves[::2]) / statistics.median(halves[1::2])
-    on, off = statistics.median(hooked) * 1e3, statistics.median(unhooked) * 1e3
-    print(f"(b) {label}: median {on:.3f} ms hooked, {off:.3f} ms unhooked, ratio "
-          f"{on / off:.4f} (noise floor: unhooked vs unhooked {noise:.4f})")
+    on, off = statistics.median(hooked), statistics.median(unhooked)
+    resampled = sorted(statistics.median(rng.choices(hooked, k=len(hooked)))
+                       / statistics.median(rng.choices(unhooked, k=len(unhooked)))
+                       for _ in range(BOOTSTRAP))
+    low, high = resampled[BOOTSTRAP // 20], resampled[-BOOTSTRAP // 20]
+    print(f"(b) {label}: median {on * 1e3:.3f} ms hooked, {off * 1e3:.3f} ms unhooked "
+          f"({(on - off) * 1e6:+.1f} us), ratio {on / off:.4f} (90% interval {low:.4f}-"
+          f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f})")
 
 
 def step_costs(width: int) -> None:
     # Beacons where they live in production: tmpfs, whose pages never go back to a disk.
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=SHM) as shm, \
-            socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=SHM) as shm:
         out = os.path.join(tmp, "times.json")
         env = dict(os.environ, WATCHDOG_AUTOINSTALL="1", WATCHDOG_BEACON_DIR=shm,
                    PYTHONPATH=f"{REPO / 'watchdog' / '_boot'}:{REPO}")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        f"--master_port={port}", __file__, "--ddp-worker", out, str(width)],
-                       env=env, check=True, capture_output=True)
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                              f"--master_port={free_port()}", __file__, "--ddp-worker", out,
+                              str(width)], env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"the step-time job failed ({run.returncode}):\n{run.stderr[-3000:]}")
         times = json.loads(Path(out).read_text())
     print(f"(b) DDP step of rank 0, 2 ranks gloo, MLP {width} wide, {STEPS} steps each way in "
           "a random order")

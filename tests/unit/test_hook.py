@@ -217,6 +217,33 @@ def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
     assert (snap.groups[0].completed_seq, snap.steps) == (1, 1)
 
 
+def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None:
+    """Two DDP forwards without an optimizer step between them (an evaluation pass with grad)."""
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    recorder.enter_pending(slot, b"all_reduce")
+    recorder.enter_pending(slot, b"all_reduce")
+    group = read_beacon(open_beacon(recorder.writer.path)).groups[0]
+    assert (group.entered_seq, group.completed_seq) == (2, 1)
+    recorder.step(manual=True)
+    assert read_beacon(open_beacon(recorder.writer.path)).groups[0].completed_seq == 2
+    recorder.step(manual=False)  # not counted once steps are manual, but still an event
+    recorder.enter_pending(slot, b"all_reduce")
+    recorder.step(manual=False)
+    snap = read_beacon(open_beacon(recorder.writer.path))
+    assert (snap.groups[0].entered_seq, snap.groups[0].completed_seq, snap.steps) == (3, 3, 1)
+
+
+def test_each_collective_shows_its_own_op(tmp_path: Path) -> None:
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    seen = []
+    for op in (b"all_reduce", b"barrier", b"barrier", b"all_gather_into_tensor", b"all_reduce"):
+        recorder.complete(slot, recorder.enter(slot, op))
+        seen.append(read_beacon(open_beacon(recorder.writer.path)).groups[0].op)
+    assert seen == ["all_reduce", "barrier", "barrier", "all_gather_into_tensor", "all_reduce"]
+
+
 def test_manual_steps_take_over_from_optimizer_steps(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     recorder.step(manual=False)
