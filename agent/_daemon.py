@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from agent import _stacks
+from agent import _procfs, _stacks
 from agent._logtail import read_tail, relevant_lines
 from agent._workers import Worker, WorkerTable, rank_state
 from watchdog._auth import ClientSecurity
@@ -33,12 +33,13 @@ MAX_BACKOFF_S = 10.0
 class Agent:
     def __init__(self, coordinator: str | None, beacon_dir: str, node: str,
                  interval: float = 1.0, scan_unhooked: bool = True,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None, native: bool = False) -> None:
         self.configured_coordinator = coordinator
         self.coordinator = coordinator or DEFAULT_ADDRESS
         self.security = security
         self.node = node
         self.interval = interval
+        self.native = native  # ask py-spy for native frames too
         self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
         self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
 
@@ -134,21 +135,31 @@ class Agent:
                 reason = "it has exited" if not worker.alive else "it is not a verified worker"
                 refused.append(RankStack(rank, worker.identity.pid,
                                          error=f"not attaching: {reason}"))
-        stacks = await _stacks.dump_stacks([(w.identity.rank, w.identity.pid) for w in targets])
-        with_logs = [replace(stack, nccl_log=_nccl_log(worker))
+        stacks = await _stacks.dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
+                                           self.native)
+        with_logs = [replace(stack, nccl_log=_nccl_log(worker), worker_log=_worker_log(worker))
                      for stack, worker in zip(stacks, targets, strict=True)]
         return [*with_logs, *refused]
 
 
 def _nccl_log(worker: Worker) -> tuple[str, ...]:
-    """The WARN lines of the worker's NCCL debug file and the INFO lines just before them."""
-    if not worker.nccl_debug_file:
-        return ()
+    """The relevant tail of the worker's NCCL debug file."""
+    return tuple(_relevant_tail(worker.nccl_debug_file)) if worker.nccl_debug_file else ()
+
+
+def _worker_log(worker: Worker) -> tuple[str, ...]:
+    """The relevant tails of the files the worker's output goes to (torchrun --tee or
+    --redirects, or a shell redirect)."""
+    return tuple(line for path in _procfs.output_files(worker.identity.pid)
+                 for line in _relevant_tail(path))
+
+
+def _relevant_tail(path: str) -> list[str]:
     try:
-        return tuple(relevant_lines(read_tail(worker.nccl_debug_file)))
+        return relevant_lines(read_tail(path))
     except OSError as e:
-        log.warning("cannot read %s: %s", worker.nccl_debug_file, e)
-        return ()
+        log.warning("cannot read %s: %s", path, e)
+        return []
 
 
 async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:

@@ -1,9 +1,10 @@
 """Tails of log files (NCCL debug files, torchrun's per-rank logs) as evidence; runs in the agent.
 
-Stdlib only. Reads only the end of a file with positioned reads, so the size of the file does
-not matter. A file that does not exist (never created, already rotated away or deleted) gives
-no lines rather than an error: log evidence is best effort and its absence is normal; so does
-a path that is not a regular file. Other OS errors (permission denied) propagate.
+Stdlib and the explain classifier only. Reads only the end of a file with positioned reads, so
+the size of the file does not matter. A file that does not exist (never created, already
+rotated away or deleted) gives no lines rather than an error: log evidence is best effort and
+its absence is normal; so does a path that is not a regular file. Other OS errors (permission
+denied) propagate.
 
 Lines come back decoded leniently and printable: NUL bytes (the hole a copytruncate leaves
 before a writer's next line) and ANSI colour codes are removed, other control characters become
@@ -16,6 +17,8 @@ import os
 import re
 import stat
 from collections.abc import Sequence
+
+from watchdog._explain import classify_line
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")
@@ -142,13 +145,14 @@ def expand_nccl_debug_file(pattern: str, host: str, pid: int) -> str:
 
 
 def relevant_lines(lines: Sequence[str], context: int = 3, max_lines: int = 60) -> list[str]:
-    """NCCL WARN lines, each with up to `context` lines before it, at most `max_lines` in all.
+    """NCCL WARN lines and the lines `watchdog explain` recognises (NCCL, PyTorch and torchrun
+    errors), each with up to `context` lines before it, at most `max_lines` in all.
 
-    The earliest WARN is usually the cause and later ones its consequences, so when there are
-    too many, the first ones are kept.
+    The earliest is usually the cause and later ones its consequences, so when there are too
+    many, the first ones are kept.
     """
     keep: set[int] = set()
     for index, line in enumerate(lines):
-        if " NCCL WARN " in line:
+        if " NCCL WARN " in line or classify_line(index + 1, line) is not None:
             keep.update(range(max(0, index - context), index + 1))
     return [lines[index] for index in sorted(keep)][:max_lines]

@@ -52,6 +52,26 @@ def read_environ(pid: int, proc: str = "/proc") -> dict[str, str] | None:
     return env
 
 
+def output_files(pid: int, proc: str = "/proc") -> list[str]:
+    """Paths that open the files the process's stdout and stderr write to, each file once.
+
+    They are its /proc fd links rather than the files' names: those open the file even from
+    another container, or after it was renamed. Pipes, sockets, terminals and devices are left
+    out; so is anything that is gone or not ours to read.
+    """
+    paths, seen = [], set()
+    for fd in (1, 2):
+        link = f"{proc}/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if target.startswith("/") and not target.startswith("/dev/") and target not in seen:
+            seen.add(target)
+            paths.append(link)
+    return paths
+
+
 def read_cmdline(pid: int, proc: str = "/proc") -> list[str]:
     try:
         with open(f"{proc}/{pid}/cmdline", "rb") as f:

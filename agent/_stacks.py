@@ -4,6 +4,10 @@ A dump attaches with ptrace, so a worker is briefly paused. The guarantee: a tar
 running before a dump is running after it (SIGCONT if py-spy died holding it), and a target
 someone else stopped stays stopped and is reported as such. A stopped process cannot be dumped
 blocking (py-spy: "Failed to get stack traces"), so it gets `--nonblocking` at once.
+
+With `native`, a dump first asks for native frames too (C, C++ and CUDA-library frames between
+the Python ones); that is slower and fails on more processes, so it has a shorter timeout and
+falls back to Python frames alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from watchdog._model import Frame, RankStack
 log = logging.getLogger(__name__)
 
 DUMP_TIMEOUT_S = 5.0
+NATIVE_TIMEOUT_S = 3.0
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -38,7 +43,7 @@ def find_py_spy() -> str:
     raise PySpyMissingError("py-spy was not found on PATH or beside " + sys.executable)
 
 
-async def dump_stack(rank: int, pid: int, timeout: float = DUMP_TIMEOUT_S) -> RankStack:
+async def dump_stack(rank: int, pid: int, native: bool = False) -> RankStack:
     """The main thread's stack of `pid`; failures come back in RankStack.error, never raised."""
     before = _procfs.read_stat(pid)
     if before is None or before.gone:
@@ -48,8 +53,11 @@ async def dump_stack(rank: int, pid: int, timeout: float = DUMP_TIMEOUT_S) -> Ra
     except PySpyMissingError as e:
         return RankStack(rank, pid, error=str(e), was_stopped=before.stopped)
     modes = [["--nonblocking"]] if before.stopped else [[], ["--nonblocking"]]
+    if native and not before.stopped:
+        modes.insert(0, ["--native"])
     error = ""
     for extra in modes:
+        timeout = NATIVE_TIMEOUT_S if "--native" in extra else DUMP_TIMEOUT_S
         try:
             out = await _run_py_spy([py_spy, "dump", "--json", "--pid", str(pid), *extra], timeout)
             frames = main_thread_frames(json.loads(out), pid)
@@ -106,6 +114,6 @@ def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
                  for f in main.get("frames", []) if isinstance(f, dict))
 
 
-async def dump_stacks(targets: list[tuple[int, int]]) -> list[RankStack]:
+async def dump_stacks(targets: list[tuple[int, int]], native: bool = False) -> list[RankStack]:
     """Stacks of (rank, pid) targets, all at once."""
-    return list(await asyncio.gather(*(dump_stack(rank, pid) for rank, pid in targets)))
+    return list(await asyncio.gather(*(dump_stack(rank, pid, native) for rank, pid in targets)))

@@ -53,6 +53,12 @@ def _add_client_security_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="client certificate's private key")
 
 
+def _add_native_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--native", action="store_true",
+                   help="stacks with native (C/C++) frames too; Python frames alone where that "
+                        "fails or takes over 3 s")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="watchdog", description="Names the rank that hung your torchrun job, with evidence.")
@@ -65,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a diagnosis: keep the job running (report) or end it (kill)")
     p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
     _add_db_option(p)
+    _add_native_option(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
     p = sub.add_parser("launch", help="run a job with the hook injected, no daemon of our own")
@@ -81,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "/dev/shm/torch-hang-watchdog")
     p.add_argument("--node-name", metavar="N", help="default: the host name")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="report period")
+    _add_native_option(p)
     _add_client_security_options(p)
 
     p = sub.add_parser("coordinator", help="the coordinator daemon")

@@ -41,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from watchdog._run import RunOptions, run_job
 
     options = RunOptions(args.cmd, stall_policy(args), args.on_hang, args.report,
-                         args.db or default_db_path(), _color(sys.stderr))
+                         args.db or default_db_path(), _color(sys.stderr), args.native)
     return asyncio.run(run_job(options))
 
 
@@ -74,7 +74,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     node = args.node_name or socket.gethostname().split(".")[0]
     beacon_dir = args.beacon_dir or _env.beacon_dir()
     agent = Agent(args.coordinator, beacon_dir, node, args.interval,
-                  security=_client_security(args))
+                  security=_client_security(args), native=args.native)
     print(f"watchdog agent {node}: beacons in {beacon_dir}, "
           f"coordinator {args.coordinator or 'from the jobs MASTER_ADDR'}",
           file=sys.stderr, flush=True)

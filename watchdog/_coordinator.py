@@ -155,8 +155,7 @@ class Coordinator:
                 return  # progress resumed while the stacks were taken
             if job.stacks_only and job.stacks_moved(stacks):
                 return  # no hook: a changed stack was the only sign of progress, and here it is
-            nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
-            incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now, nccl_logs)
+            incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
             stored = self._stored_twin(incident)
             job.incident, job.incident_events = stored or incident, job.events_total()
             if stored is not None:

@@ -44,7 +44,8 @@ _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and 
 
 
 def is_library_frame(frame: Frame) -> bool:
-    """Installed packages, the standard library, and this package's own hook wrappers."""
+    """Installed packages, the standard library, this package's own hook wrappers, and native
+    code."""
     return _is_library_file(frame.file)
 
 
@@ -53,11 +54,27 @@ def is_library_frame(frame: Frame) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _is_library_file(file: str) -> bool:
     own = file.startswith(_OWN_DIR) and not file.startswith(_DEMO_DIR)
-    return own or _LIBRARY_PATH.search(file) is not None
+    return own or _LIBRARY_PATH.search(file) is not None or _is_native_file(file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_native_file(file: str) -> bool:
+    """A shared object (libc.so.6, libtorch_cpu.so) or an unknown one: not Python source."""
+    return not file.endswith((".py", ".pyw")) and not file.startswith("<")
+
+
+def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
+    """`frames` without the native ones that `py-spy --native` interleaves. Those differ from
+    process to process (addresses) and from one look to the next (the syscall a wait is in), so
+    stacks are compared, and collectives found, on Python frames alone."""
+    if all(not _is_native_file(f.file) for f in frames):
+        return frames
+    return tuple(f for f in frames if not _is_native_file(f.file))
 
 
 def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost frame of the user's own code, else the innermost frame."""
+    """The innermost Python frame of the user's own code, else the innermost frame."""
+    frames = python_frames(frames) or frames
     return next((f for f in frames if not is_library_frame(f)), frames[0] if frames else None)
 
 
@@ -65,7 +82,7 @@ def collective_frame(frames: Sequence[Frame]) -> Frame | None:
     """The torch.distributed call (or DDP backward) the innermost frames sit in, if any: the
     outermost such frame, which is the one the user called (init_process_group, not the helper
     it waits in)."""
-    inside = [f for f in frames[:_COLLECTIVE_DEPTH] if _is_collective(f)]
+    inside = [f for f in python_frames(frames)[:_COLLECTIVE_DEPTH] if _is_collective(f)]
     return inside[-1] if inside else None
 
 

@@ -12,6 +12,7 @@ from watchdog._evidence import (
     frame_site,
     is_library_frame,
     is_stopped,
+    python_frames,
     waits_in_collective,
     wedge_reason,
 )
@@ -26,15 +27,12 @@ WEDGED = "WEDGED"  # D state, or its main thread has not run for a while
 EXITED = "EXITED"
 FINISHED = "FINISHED"  # exited 0 after a clean interpreter shutdown
 
-NcclLogs = Mapping[int, Sequence[str]]
-
 
 def build_incident(
     snapshot: JobSnapshot,
     verdict: Verdict,
     incident_id: str,
     detected_at: float,
-    nccl_logs: NcclLogs | None = None,
 ) -> dict[str, Any]:
     """One incident, keys in DESIGN.md's order."""
     collective = verdict.collective
@@ -54,7 +52,7 @@ def build_incident(
             "seq": collective.seq,
             "op": collective.op,
         },
-        "ranks": rank_rows(snapshot, nccl_logs),
+        "ranks": rank_rows(snapshot),
         "stack_groups": stack_groups(snapshot.stacks),
     }
     if verdict.kind == Kind.NODE_UNREACHABLE:
@@ -62,13 +60,9 @@ def build_incident(
     return incident
 
 
-def rank_rows(snapshot: JobSnapshot, nccl_logs: NcclLogs | None = None) -> list[dict[str, Any]]:
+def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:
     """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
-    logs = nccl_logs or {}
-    return [
-        _rank_row(snapshot, rank, logs.get(rank.rank, ()))
-        for rank in sorted(snapshot.ranks, key=lambda r: r.rank)
-    ]
+    return [_rank_row(snapshot, rank) for rank in sorted(snapshot.ranks, key=lambda r: r.rank)]
 
 
 def _rank_state(snapshot: JobSnapshot, rank: RankState) -> str:
@@ -95,7 +89,8 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
         stack = stacks[rank]
         if stack.frames:
             signature = tuple(
-                (f.function, f.file, None if is_library_frame(f) else f.line) for f in stack.frames
+                (f.function, f.file, None if is_library_frame(f) else f.line)
+                for f in python_frames(stack.frames)
             )
             groups.setdefault(signature, []).append(stack)
     ordered = sorted(groups.values(), key=lambda members: (len(members), members[0].rank))
@@ -104,9 +99,8 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
     ]
 
 
-def _rank_row(snapshot: JobSnapshot, rank: RankState, nccl_log: Sequence[str]) -> dict[str, Any]:
-    stack = snapshot.stacks.get(rank.rank)
-    frames = stack.frames if stack is not None else ()
+def _rank_row(snapshot: JobSnapshot, rank: RankState) -> dict[str, Any]:
+    stack = snapshot.stacks.get(rank.rank) or RankStack(rank.rank, rank.pid)
     return {
         "rank": rank.rank,
         "host": rank.host,
@@ -115,14 +109,20 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, nccl_log: Sequence[str]) -
         "state": _rank_state(snapshot, rank),
         "step": rank.steps,
         "last_collective": _last_collective(rank),
-        "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in frames],
-        "nccl_log": list(nccl_log),
-        "nccl_findings": [finding.to_json() for finding in explain_lines(nccl_log)]
-                          if nccl_log else [],
+        "stack": [{"function": f.function, "file": f.file, "line": f.line}
+                  for f in stack.frames],
+        "nccl_log": list(stack.nccl_log),
+        "nccl_findings": _findings(stack.nccl_log),
+        "worker_log": list(stack.worker_log),
+        "worker_findings": _findings(stack.worker_log),
         "exit_code": rank.exit_code,
         "heartbeat_age": rank.heartbeat_age,
         "phase": rank.phase,
     }
+
+
+def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:
+    return [finding.to_json() for finding in explain_lines(lines)] if lines else []
 
 
 def _last_collective(rank: RankState) -> dict[str, Any] | None:
@@ -138,6 +138,6 @@ def _last_collective(rank: RankState) -> dict[str, Any] | None:
 
 
 def _frame_text(stack: RankStack) -> str:
-    """'all_reduce (distributed_c10d.py:2950)': the innermost frame."""
-    frame = stack.frames[0]
+    """'all_reduce (distributed_c10d.py:2950)': the innermost Python frame."""
+    frame = (python_frames(stack.frames) or stack.frames)[0]
     return f"{frame.function} ({frame_site(frame)})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog._evidence import python_frames
 from watchdog._model import Frame, JobSnapshot, Kind, RankStack, RankState
 from watchdog._stall import ProgressTracker, StallPolicy
 
@@ -69,7 +70,7 @@ class JobView:
     def stacks_moved(self, stacks: dict[int, RankStack]) -> bool:
         """Whether any rank's stack differs from the last look (the first look counts as a
         move); a move is recorded as progress."""
-        probe = {rank: stack.frames for rank, stack in stacks.items()}
+        probe = {rank: tuple(python_frames(stack.frames)) for rank, stack in stacks.items()}
         if probe == self.stack_probe:
             return False
         self.stack_probe = probe

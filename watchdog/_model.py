@@ -47,6 +47,7 @@ class RankStack:
     error: str = ""  # why no stack could be taken
     was_stopped: bool = False  # someone else had stopped the process (state T) before the dump
     nccl_log: tuple[str, ...] = ()  # the relevant tail of the rank's NCCL_DEBUG_FILE
+    worker_log: tuple[str, ...] = ()  # ...and of the files its stdout and stderr go to
 
 
 @dataclass(slots=True)

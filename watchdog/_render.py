@@ -192,11 +192,14 @@ def _culprit_evidence(row: Mapping[str, Any]) -> list[str]:
     if row["stack"]:
         lines += ["", f"rank {row['rank']} stack, innermost first:"]
         lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in row["stack"]]
-    if row["nccl_log"]:
-        lines += ["", f"rank {row['rank']} NCCL log, last lines:"]
-        lines += [f"  {line}" for line in row["nccl_log"]]
-    for finding in row.get("nccl_findings", ()):
-        lines += ["", f"  {finding['category']}: {finding['cause']}", f"  fix: {finding['fix']}"]
+    for source, log, findings in (("NCCL log", "nccl_log", "nccl_findings"),
+                                  ("output", "worker_log", "worker_findings")):
+        if row.get(log):
+            lines += ["", f"rank {row['rank']} {source}, last relevant lines:"]
+            lines += [f"  {line}" for line in row[log]]
+        for finding in row.get(findings, ()):
+            lines += ["", f"  {finding['category']}: {finding['cause']}",
+                      f"  fix: {finding['fix']}"]
     return lines
 
 

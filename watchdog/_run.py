@@ -44,6 +44,7 @@ class RunOptions:
     report_path: str | None = None
     db_path: str = ""
     color: bool = False
+    native: bool = False  # py-spy --native stacks
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
@@ -85,7 +86,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     server, _ = await start_server(coordinator, address)
     os.chmod(f"{run_dir}/coordinator.sock", 0o600)
     agent = Agent(address, run_dir, socket.gethostname().split(".")[0], INTERVAL_S,
-                  scan_unhooked=False)
+                  scan_unhooked=False, native=options.native)
     stop = asyncio.Event()
     daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
     try:

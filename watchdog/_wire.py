@@ -122,19 +122,22 @@ def stacks_to_pb(reply: StackReply) -> pb.AgentMessage:
         request_id=reply.request_id, node=reply.node,
         stacks=[pb.RankStack(rank=s.rank, pid=s.pid, error=s.error, was_stopped=s.was_stopped,
                              frames=[pb.Frame(function=f.function, file=f.file, line=f.line)
-                                     for f in s.frames], nccl_log=s.nccl_log)
+                                     for f in s.frames], nccl_log=s.nccl_log,
+                             worker_log=s.worker_log)
                 for s in reply.stacks]))
 
 
 def _stack_from_pb(m: pb.RankStack) -> RankStack:
-    if len(m.frames) > MAX_FRAMES or len(m.nccl_log) > MAX_LOG_LINES:
-        raise MessageRejectedError(f"stack of {len(m.frames)} frames and {len(m.nccl_log)} log "
-                                   f"lines (at most {MAX_FRAMES} and {MAX_LOG_LINES})")
+    logs = len(m.nccl_log) + len(m.worker_log)
+    if len(m.frames) > MAX_FRAMES or logs > MAX_LOG_LINES:
+        raise MessageRejectedError(f"stack of {len(m.frames)} frames and {logs} log lines (at "
+                                   f"most {MAX_FRAMES} and {MAX_LOG_LINES})")
     frames = tuple(Frame(_text(f.function, "function"), _text(f.file, "file"), f.line)
                    for f in m.frames)
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
-                     nccl_log=tuple(_text(line, "log line") for line in m.nccl_log))
+                     nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),
+                     worker_log=tuple(_text(line, "log line") for line in m.worker_log))
 
 
 def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:

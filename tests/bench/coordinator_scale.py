@@ -294,8 +294,7 @@ def _time_diagnosis(conn: Connection, coordinator: Coordinator, sim: SimJob,
     verdict = decide(snapshot)
     decided = time.process_time()
     assert verdict is not None and verdict.culprit_ranks == (sim.culprit,), verdict
-    nccl_logs = {rank: stack.nccl_log for rank, stack in stacks.items()}
-    incident = build_incident(snapshot, verdict, "bench", now, nccl_logs)
+    incident = build_incident(snapshot, verdict, "bench", now)
     built = time.process_time()
     profiler.disable()
     if profile:

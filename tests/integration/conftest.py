@@ -19,10 +19,11 @@ def watch(tmp_path: Path) -> Any:
     """Runs the bundled training job with one fault under `watchdog run`."""
 
     def run(*train_args: str, nproc: int = 4, watchdog_args: tuple[str, ...] = (
-            "--stall-timeout", "3", "--on-hang", "kill")) -> WatchedRun:
+            "--stall-timeout", "3", "--on-hang", "kill"),
+            launcher: tuple[str, ...] = ()) -> WatchedRun:
         report = tmp_path / "incident.json"
         cmd = [sys.executable, "-m", "watchdog", "run", *watchdog_args, "--report", str(report),
-               "--", *torchrun_command(nproc, *train_args)]
+               "--", *torchrun_command(nproc, *train_args, launcher=launcher)]
         proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True,
                               timeout=JOB_TIMEOUT_S)
         incident = json.loads(report.read_text()) if report.exists() else None

@@ -38,6 +38,20 @@ def test_rank0_deadlocked_on_a_lock(watch) -> None:
     assert run.stack_functions(0)[0] == "update_metrics"
 
 
+def test_native_stacks_show_the_c_frames_under_a_deadlock(watch) -> None:
+    run = watch("--fault", "lock", "--fault-rank", "0", "--fault-step", "3",
+                watchdog_args=("--stall-timeout", "3", "--on-hang", "kill", "--native"))
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["culprit_ranks"] == [0]
+    stack = run.rank(0)["stack"]
+    assert not stack[0]["file"].endswith(".py"), stack  # the lock wait itself, in native code
+    python = [frame["function"] for frame in stack if frame["file"].endswith(".py")]
+    assert python[0] == "update_metrics", stack
+    assert "(stuck in update_metrics at train.py:" in run.incident["summary"]
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+
+
 def test_barrier_only_one_rank_reaches(watch) -> None:
     run = watch("--fault", "barrier", "--fault-rank", "0", "--fault-step", "3")
     assert run.returncode == EXIT_HANG_KILLED, run.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -30,6 +31,12 @@ from watchdog._verdict import decide
 
 STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
 NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"
+# From torch_nccl_timeout.log, as torchrun --tee writes it to the rank's stderr file.
+TORCH_LINE = (
+    "[rank1]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=80078, OpType=BROADCAST, NumelIn=5056, "
+    "NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before timing out."
+)
 INCIDENT_KEYS = [
     "id",
     "job_id",
@@ -48,7 +55,9 @@ def incident() -> dict[str, object]:
     job = data_pipeline(stacks=STACKS)
     verdict = decide(job)
     assert verdict is not None
-    return build_incident(job, verdict, "9c1e04d2b7aa", T0 + 45.25, {1: [NCCL_LINE]})
+    logged = dataclasses.replace(job.stacks[1], nccl_log=(NCCL_LINE,), worker_log=(TORCH_LINE,))
+    job = dataclasses.replace(job, stacks={**job.stacks, 1: logged})
+    return build_incident(job, verdict, "9c1e04d2b7aa", T0 + 45.25)
 
 
 def test_incident_has_design_keys_in_order_and_round_trips_as_json() -> None:
@@ -73,11 +82,16 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
                                                                          "PEER_EXITED")
     assert finding["cause"] and finding["fix"]
     assert rows[0]["nccl_findings"] == []
+    (finding,) = rows[1].pop("worker_findings")
+    assert (finding["text"], finding["category"], finding["ranks"]) == (
+        TORCH_LINE, "COLLECTIVE_TIMEOUT", [1])
+    assert rows[0]["worker_findings"] == []
     assert rows[1] == {
         "rank": 1, "host": "node-a", "node": "node-a", "pid": 4243, "state": "STALLED", "step": 56,
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
-        "nccl_log": [NCCL_LINE], "exit_code": None, "heartbeat_age": 0.2, "phase": "",
+        "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
+        "heartbeat_age": 0.2, "phase": "",
     }  # fmt: skip
     assert rows[0]["state"] == "WAITING"
     assert rows[0]["last_collective"]["completed"] is False
@@ -171,6 +185,7 @@ def test_incident_text_has_table_verdict_stack_groups_and_culprit_stack() -> Non
     assert f"  {DATA_STALL[0].file}:42 read_sample_from_storage" in text
     assert f"  {DATA_STALL[-1].file}:130 <module>" in text
     assert NCCL_LINE in text
+    assert TORCH_LINE in text and "COLLECTIVE_TIMEOUT: " in text
     assert "\x1b" not in text
 
 

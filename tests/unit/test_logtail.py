@@ -1,14 +1,20 @@
 """Log tails for evidence: the end of huge sparse files, rotation, truncation, vanished files,
-binary garbage, and NCCL_DEBUG_FILE's %h/%p expansion."""
+binary garbage, NCCL_DEBUG_FILE's %h/%p expansion, and the files a process's output goes to."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from agent._logtail import LogTailer, expand_nccl_debug_file, read_tail, relevant_lines
+from agent._procfs import output_files
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 
 def append(path: Path, text: str | bytes) -> None:
@@ -126,3 +132,35 @@ def test_relevant_lines_are_warns_with_bounded_context() -> None:
     assert relevant_lines(lines, context=2) == [info[6], info[7], warn, lines[9], warn]
     assert relevant_lines(lines, context=2, max_lines=2) == [info[6], info[7]]
     assert relevant_lines(info) == []
+
+
+def test_relevant_lines_keep_errors_that_explain_recognises() -> None:
+    """A rank's stderr as torchrun --tee writes it: its own prints, then PyTorch's errors."""
+    errors = (FIXTURES / "torch_nccl_timeout.log").read_text().splitlines()
+    lines = [f"step {n} loss 0.{n}" for n in range(10)] + errors
+    # The watchdog timeout and the DistBackendError are findings; the lines between and before
+    # them are context, the closing "ncclInternalError" line after the last one is not.
+    assert relevant_lines(lines) == lines[7:13]
+
+
+def test_output_files_are_read_through_the_process(tmp_path: Path) -> None:
+    log = tmp_path / "stdout.log"
+    script = "import sys, time; print('to the file', flush=True); time.sleep(30)"
+    with log.open("w") as out:
+        to_file = subprocess.Popen([sys.executable, "-c", script], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    to_pipe = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    try:
+        while log.stat().st_size == 0:
+            assert to_file.poll() is None
+            time.sleep(0.01)
+        (path,) = output_files(to_file.pid)  # stdout and stderr: one file, read once
+        log.rename(tmp_path / "renamed.log")  # the fd link still opens it
+        assert read_tail(path) == ["to the file"]
+        assert output_files(to_pipe.pid) == []
+        assert output_files(2**22 + 12345) == []  # no such process
+    finally:
+        for proc in (to_file, to_pipe):
+            proc.kill()
+            proc.wait()

@@ -70,22 +70,28 @@ def evaluate() -> None:
 
 
 def write_nccl_debug_lines(local_rank: int, peer_closed: bool) -> None:
-    """Lines in NCCL's own debug format, to the file NCCL_DEBUG_FILE names (%h, %p expanded):
-    gloo on CPU writes none, so this stands in for NCCL where the job asks for it."""
+    """Lines in NCCL's own debug format where NCCL would write them: to the file NCCL_DEBUG_FILE
+    names (%h, %p expanded), else to stdout when NCCL_DEBUG is set. Gloo on CPU writes none, so
+    this stands in for NCCL where the job asks for it."""
     pattern = os.environ.get("NCCL_DEBUG_FILE")
-    if not pattern:
+    if not pattern and not os.environ.get("NCCL_DEBUG"):
         return
     host, pid, tid = socket.gethostname().split(".")[0], os.getpid(), threading.get_native_id()
     prefix = f"{host}:{pid}:{tid} [{local_rank}]"
-    with open(pattern.replace("%h", host).replace("%p", str(pid)), "a") as log:
-        if not peer_closed:
-            log.write(f"{prefix} NCCL INFO Bootstrap : Using eth0:10.0.0.{local_rank + 1}<0>\n"
-                      f"{prefix} NCCL INFO NCCL version 2.21.5+cuda12.4\n")
-            return
-        log.write(f"{prefix} NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC\n"
-                  f"\n{prefix} misc/socket.cc:521 NCCL WARN Net : Connection closed by remote "
-                  "peer 10.0.0.3<37877>\n"
-                  f"{prefix} NCCL INFO transport/net.cc:1298 -> 6\n")
+    if not peer_closed:
+        text = (f"{prefix} NCCL INFO Bootstrap : Using eth0:10.0.0.{local_rank + 1}<0>\n"
+                f"{prefix} NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    else:
+        text = (f"{prefix} NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC\n"
+                f"\n{prefix} misc/socket.cc:521 NCCL WARN Net : Connection closed by remote "
+                "peer 10.0.0.3<37877>\n"
+                f"{prefix} NCCL INFO transport/net.cc:1298 -> 6\n")
+    if pattern:
+        with open(pattern.replace("%h", host).replace("%p", str(pid)), "a") as log:
+            log.write(text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ewatchdog.proto\x12\x16torch_hang_watchdog.v1\"\x81\x01\n\rGroupProgress\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x13\n\x0b\x65ntered_seq\x18\x03 \x01(\x04\x12\x12\n\nentered_op\x18\x04 \x01(\t\x12\x15\n\rcompleted_seq\x18\x05 \x01(\x04\x12\x12\n\nentered_at\x18\x06 \x01(\x01\"\xc4\x03\n\tRankState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0e\n\x06hooked\x18\x07 \x01(\x08\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x1a\n\rheartbeat_age\x18\t \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\n \x01(\x04\x12\x0e\n\x06\x65vents\x18\x0b \x01(\x04\x12\x15\n\rlast_event_at\x18\x0c \x01(\x01\x12\x35\n\x06groups\x18\r \x03(\x0b\x32%.torch_hang_watchdog.v1.GroupProgress\x12\r\n\x05phase\x18\x0e \x01(\t\x12\x11\n\tphase_age\x18\x0f \x01(\x01\x12\x15\n\rphase_timeout\x18\x10 \x01(\x01\x12\x16\n\texited_at\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\texit_code\x18\x12 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\nclean_exit\x18\x13 \x01(\x08\x42\x10\n\x0e_heartbeat_ageB\x0c\n\n_exited_atB\x0c\n\n_exit_code\"]\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x30\n\x05ranks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankState\"5\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\x8b\x01\n\tRankStack\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x13\n\x0bwas_stopped\x18\x05 \x01(\x08\x12\x10\n\x08nccl_log\x18\x06 \x03(\t\"A\n\x0cStackRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"a\n\nStackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x06stacks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankStack\"\x82\x01\n\x0c\x41gentMessage\x12\x34\n\x06report\x18\x01 \x01(\x0b\x32\".torch_hang_watchdog.v1.NodeReportH\x00\x12\x34\n\x06stacks\x18\x02 \x01(\x0b\x32\".torch_hang_watchdog.v1.StackReplyH\x00\x42\x06\n\x04\x62ody\"[\n\x12\x43oordinatorMessage\x12=\n\rstack_request\x18\x01 \x01(\x0b\x32$.torch_hang_watchdog.v1.StackRequestH\x00\x42\x06\n\x04\x62ody\"\x1f\n\rStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x0bStatusReply\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t2\xc4\x01\n\x0b\x43oordinator\x12_\n\x07\x43onnect\x12$.torch_hang_watchdog.v1.AgentMessage\x1a*.torch_hang_watchdog.v1.CoordinatorMessage(\x01\x30\x01\x12T\n\x06Status\x12%.torch_hang_watchdog.v1.StatusRequest\x1a#.torch_hang_watchdog.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ewatchdog.proto\x12\x16torch_hang_watchdog.v1\"\x81\x01\n\rGroupProgress\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x13\n\x0b\x65ntered_seq\x18\x03 \x01(\x04\x12\x12\n\nentered_op\x18\x04 \x01(\t\x12\x15\n\rcompleted_seq\x18\x05 \x01(\x04\x12\x12\n\nentered_at\x18\x06 \x01(\x01\"\xc4\x03\n\tRankState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0e\n\x06hooked\x18\x07 \x01(\x08\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x1a\n\rheartbeat_age\x18\t \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\n \x01(\x04\x12\x0e\n\x06\x65vents\x18\x0b \x01(\x04\x12\x15\n\rlast_event_at\x18\x0c \x01(\x01\x12\x35\n\x06groups\x18\r \x03(\x0b\x32%.torch_hang_watchdog.v1.GroupProgress\x12\r\n\x05phase\x18\x0e \x01(\t\x12\x11\n\tphase_age\x18\x0f \x01(\x01\x12\x15\n\rphase_timeout\x18\x10 \x01(\x01\x12\x16\n\texited_at\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\texit_code\x18\x12 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\nclean_exit\x18\x13 \x01(\x08\x42\x10\n\x0e_heartbeat_ageB\x0c\n\n_exited_atB\x0c\n\n_exit_code\"]\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x30\n\x05ranks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankState\"5\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\x9f\x01\n\tRankStack\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x13\n\x0bwas_stopped\x18\x05 \x01(\x08\x12\x10\n\x08nccl_log\x18\x06 \x03(\t\x12\x12\n\nworker_log\x18\x07 \x03(\t\"A\n\x0cStackRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"a\n\nStackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x06stacks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankStack\"\x82\x01\n\x0c\x41gentMessage\x12\x34\n\x06report\x18\x01 \x01(\x0b\x32\".torch_hang_watchdog.v1.NodeReportH\x00\x12\x34\n\x06stacks\x18\x02 \x01(\x0b\x32\".torch_hang_watchdog.v1.StackReplyH\x00\x42\x06\n\x04\x62ody\"[\n\x12\x43oordinatorMessage\x12=\n\rstack_request\x18\x01 \x01(\x0b\x32$.torch_hang_watchdog.v1.StackRequestH\x00\x42\x06\n\x04\x62ody\"\x1f\n\rStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x0bStatusReply\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t2\xc4\x01\n\x0b\x43oordinator\x12_\n\x07\x43onnect\x12$.torch_hang_watchdog.v1.AgentMessage\x1a*.torch_hang_watchdog.v1.CoordinatorMessage(\x01\x30\x01\x12T\n\x06Status\x12%.torch_hang_watchdog.v1.StatusRequest\x1a#.torch_hang_watchdog.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,19 +40,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FRAME']._serialized_start=724
   _globals['_FRAME']._serialized_end=777
   _globals['_RANKSTACK']._serialized_start=780
-  _globals['_RANKSTACK']._serialized_end=919
-  _globals['_STACKREQUEST']._serialized_start=921
-  _globals['_STACKREQUEST']._serialized_end=986
-  _globals['_STACKREPLY']._serialized_start=988
-  _globals['_STACKREPLY']._serialized_end=1085
-  _globals['_AGENTMESSAGE']._serialized_start=1088
-  _globals['_AGENTMESSAGE']._serialized_end=1218
-  _globals['_COORDINATORMESSAGE']._serialized_start=1220
-  _globals['_COORDINATORMESSAGE']._serialized_end=1311
-  _globals['_STATUSREQUEST']._serialized_start=1313
-  _globals['_STATUSREQUEST']._serialized_end=1344
-  _globals['_STATUSREPLY']._serialized_start=1346
-  _globals['_STATUSREPLY']._serialized_end=1380
-  _globals['_COORDINATOR']._serialized_start=1383
-  _globals['_COORDINATOR']._serialized_end=1579
+  _globals['_RANKSTACK']._serialized_end=939
+  _globals['_STACKREQUEST']._serialized_start=941
+  _globals['_STACKREQUEST']._serialized_end=1006
+  _globals['_STACKREPLY']._serialized_start=1008
+  _globals['_STACKREPLY']._serialized_end=1105
+  _globals['_AGENTMESSAGE']._serialized_start=1108
+  _globals['_AGENTMESSAGE']._serialized_end=1238
+  _globals['_COORDINATORMESSAGE']._serialized_start=1240
+  _globals['_COORDINATORMESSAGE']._serialized_end=1331
+  _globals['_STATUSREQUEST']._serialized_start=1333
+  _globals['_STATUSREQUEST']._serialized_end=1364
+  _globals['_STATUSREPLY']._serialized_start=1366
+  _globals['_STATUSREPLY']._serialized_end=1400
+  _globals['_COORDINATOR']._serialized_start=1403
+  _globals['_COORDINATOR']._serialized_end=1599
 # @@protoc_insertion_point(module_scope)

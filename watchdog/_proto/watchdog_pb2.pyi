@@ -201,6 +201,7 @@ class RankStack(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     WAS_STOPPED_FIELD_NUMBER: _builtins.int
     NCCL_LOG_FIELD_NUMBER: _builtins.int
+    WORKER_LOG_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     pid: _builtins.int
     error: _builtins.str
@@ -209,6 +210,10 @@ class RankStack(_message.Message):
     def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___Frame]: ...
     @_builtins.property
     def nccl_log(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def worker_log(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Relevant lines of the files the rank's stdout and stderr go to (torchrun --tee/--redirects)."""
+
     def __init__(
         self,
         *,
@@ -218,10 +223,11 @@ class RankStack(_message.Message):
         error: _builtins.str = ...,
         was_stopped: _builtins.bool = ...,
         nccl_log: _abc.Iterable[_builtins.str] | None = ...,
+        worker_log: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "frames", b"frames", "nccl_log", b"nccl_log", "pid", b"pid", "rank", b"rank", "was_stopped", b"was_stopped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "frames", b"frames", "nccl_log", b"nccl_log", "pid", b"pid", "rank", b"rank", "was_stopped", b"was_stopped", "worker_log", b"worker_log"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
