@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -45,6 +45,7 @@ class RunOptions:
     db_path: str = ""
     color: bool = False
     native: bool = False  # py-spy --native stacks
+    job_log: str | None = None  # where the job's stdout and stderr go; None: ours
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
@@ -91,8 +92,10 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
     try:
         job_id = os.environ.get(_env.JOB_ID) or new_job_id(cmd)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True)
+        with _job_output(options.job_log) as output:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True,
+                stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
         _forward_signals(proc.pid)
         code = await _wait_job(proc, state, lambda: _live_worker_pids(agent))
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
@@ -105,6 +108,16 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         await server.stop(grace=1.0)
         store.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _job_output(path: str | None) -> Iterator[TextIO | None]:
+    """The file the job writes to (the job keeps its own descriptor), or None for ours."""
+    if path is None:
+        yield None
+        return
+    with open(path, "w") as output:
+        yield output
 
 
 def _live_worker_pids(agent: Agent) -> list[int]:

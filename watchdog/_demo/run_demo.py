@@ -7,6 +7,7 @@ import importlib.util
 import os
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,11 +43,16 @@ def run_demo(db_path: str, color: bool) -> int:
           f"{DEMO_STALL_TIMEOUT_S:.0f}s of the last progress.\n$ watchdog run --stall-timeout "
           f"{DEMO_STALL_TIMEOUT_S:.0f} --on-hang kill -- torchrun --nproc_per_node=4 train.py "
           "--fault data_stall --fault-rank 2\n", flush=True)
+    # The job's own output (torchrun's shutdown traceback among it) would bury the diagnosis.
+    job_log = os.path.join(tempfile.gettempdir(), f"watchdog-demo-{os.getpid()}.log")
     options = RunOptions(cmd, StallPolicy(fixed=DEMO_STALL_TIMEOUT_S), on_hang="kill",
-                         db_path=db_path, color=color)
+                         db_path=db_path, color=color, job_log=job_log)
     code = asyncio.run(run_job(options, out=sys.stdout))
     if code != EXIT_HANG_KILLED:
-        print(f"watchdog demo: the job ended with exit code {code} before a diagnosis")
+        print(f"watchdog demo: the job ended with exit code {code} before a diagnosis; the end "
+              f"of its output ({job_log}):")
+        print("".join(Path(job_log).read_text(errors="replace").splitlines(True)[-20:]))
         return 1
-    print(f"\nThe incident is stored in {db_path}: `watchdog incidents list` shows it.")
+    print(f"\nThe job's own output is in {job_log}.\nThe incident is stored in {db_path}: "
+          "`watchdog incidents list` shows it.")
     return 0
