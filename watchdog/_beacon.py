@@ -232,7 +232,7 @@ class BeaconWriter:
         lock.acquire()
         try:
             for slot, seq in completed:
-                words[(OFF_GROUPS + slot * GROUP_SLOT_SIZE + OFF_COMPLETED) // 8] = seq
+                self.complete(slot, seq)
             self._seq += 1
             words[OFF_SEQ // 8] = self._seq
             words[OFF_PROGRESS // 8] = steps

@@ -78,8 +78,7 @@ class Recorder:
 
     def enter_pending(self, slot: int, op: bytes) -> None:
         """Record a collective whose end Python never sees: it completes at the next event."""
-        seq = self.enter(slot, op)
-        self._pending.append((slot, seq))
+        self.leave_pending(slot, self.enter(slot, op))
 
     def leave_pending(self, slot: int, seq: int) -> None:
         self._pending.append((slot, seq))

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -92,7 +92,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
     try:
         job_id = os.environ.get(_env.JOB_ID) or new_job_id(cmd)
-        with _job_output(options.job_log) as output:
+        # The job keeps its own descriptor of the log: ours can close once it started.
+        with open(options.job_log, "w") if options.job_log else contextlib.nullcontext() as output:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True,
                 stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
@@ -108,16 +109,6 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         await server.stop(grace=1.0)
         store.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _job_output(path: str | None) -> Iterator[TextIO | None]:
-    """The file the job writes to (the job keeps its own descriptor), or None for ours."""
-    if path is None:
-        yield None
-        return
-    with open(path, "w") as output:
-        yield output
 
 
 def _live_worker_pids(agent: Agent) -> list[int]:
