@@ -4,10 +4,10 @@ Written by the hook inside the training process (one writer), read by the agent 
 Stdlib only: the hook imports this module. Consistency between the two processes comes from a
 seqlock: the writer makes the sequence counter odd, writes, and makes it even again; a reader
 retries until it copied the record between two identical even counter values. The heartbeat
-and each group's completed seq sit outside the seqlock: each is one aligned 8-byte store, which
-cannot tear. Those stores, and the counter's, go through a memoryview: `struct.pack_into` zeroes
-its target before writing it byte by byte, so a reader could catch a 0 there. The layout is
-little-endian; the writer refuses a big-endian host, where the native stores would disagree.
+sits outside the seqlock: it is one aligned 8-byte store, which cannot tear. That store, the
+counter's and the progress fields go through a memoryview: `struct.pack_into` zeroes its target
+before writing it byte by byte, so a reader could catch a 0 there. The layout is little-endian;
+the writer refuses a big-endian host, where the native stores would disagree.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from watchdog._errors import BeaconError
@@ -63,6 +63,10 @@ SIZE = OFF_GROUPS + MAX_GROUPS * GROUP_SLOT_SIZE
 
 assert OFF_PROGRESS + _PROGRESS.size <= OFF_GROUPS
 assert OFF_PROGRESS % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == OFF_ENTERED_SEQ % 8 == 0
+
+
+Entered = tuple[int, bytes, float]  # a group's last collective entered: seq, op, unix time
+NOT_ENTERED: Entered = (0, b"", 0.0)
 
 
 @dataclass(frozen=True)
@@ -125,12 +129,12 @@ class BeaconWriter:
     __slots__ = (
         "_bytes",
         "_doubles",
-        "_entered",
         "_lock",
         "_mm",
         "_ops",
         "_seq",
         "_slots",
+        "_steps",
         "_words",
         "path",
     )
@@ -151,8 +155,8 @@ class BeaconWriter:
         self._lock = threading.Lock()
         self._seq = 0
         self._slots: dict[str, int] = {}
-        self._entered: list[int] = []
-        self._ops: list[bytes] = []  # each slot's op as last written
+        self._ops: list[bytes] = []  # each registered slot's op as last written
+        self._steps = 0
         self.write_identity(identity)
         _HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SIZE)  # last: readers see a whole record
 
@@ -180,7 +184,7 @@ class BeaconWriter:
         if slot is not None:
             return slot
         with self._lock:
-            slot = len(self._entered)
+            slot = len(self._ops)
             if slot >= MAX_GROUPS:
                 return -1
             listed = ranks[:MAX_LISTED_RANKS]
@@ -192,55 +196,32 @@ class BeaconWriter:
                              *listed, *([0] * (MAX_LISTED_RANKS - len(listed))))
             _N_GROUPS.pack_into(self._mm, OFF_N_GROUPS, slot + 1)
             self._end()
-            self._entered.append(0)
             self._ops.append(b"")
             self._slots[name] = slot
             return slot
 
-    # enter(), complete() and step() run several times per training step. Inside a step they
-    # run with cold caches, where struct.pack_into cost 2-3 us a call: they store fields one
-    # aligned word at a time instead, and the op name only when it changes.
-    def enter(self, slot: int, op: bytes, now: float) -> int:
-        """Record that this rank entered the next collective of group `slot`; returns its seq."""
-        lock, words = self._lock, self._words
-        base = OFF_GROUPS + slot * GROUP_SLOT_SIZE
-        lock.acquire()
-        try:
-            seq = self._entered[slot] + 1
-            self._entered[slot] = seq
-            self._seq += 1
-            words[OFF_SEQ // 8] = self._seq
-            if op != self._ops[slot]:
-                self._bytes[base + OFF_OP:base + OFF_ENTERED_SEQ] = op[:24].ljust(24, b"\0")
-                self._ops[slot] = op
-            words[(base + OFF_ENTERED_SEQ) // 8] = seq
-            self._doubles[(base + OFF_ENTERED_AT) // 8] = now
-            self._seq += 1
-            words[OFF_SEQ // 8] = self._seq
-        finally:
-            lock.release()
-        return seq
-
-    def complete(self, slot: int, seq: int) -> None:
-        """One aligned 8-byte store, outside the seqlock like the heartbeat: a reader pairs any
-        completed value with an entered one written before it, which is always consistent."""
-        self._words[(OFF_GROUPS + slot * GROUP_SLOT_SIZE + OFF_COMPLETED) // 8] = seq
-
-    def step(self, steps: int, now: float, completed: Sequence[tuple[int, int]] = ()) -> None:
-        """Record the step count, and the (slot, seq) collectives it saw complete."""
-        lock, words = self._lock, self._words
-        lock.acquire()
-        try:
-            for slot, seq in completed:
-                self.complete(slot, seq)
-            self._seq += 1
-            words[OFF_SEQ // 8] = self._seq
-            words[OFF_PROGRESS // 8] = steps
-            self._doubles[OFF_PROGRESS // 8 + 1] = now
-            self._seq += 1
-            words[OFF_SEQ // 8] = self._seq
-        finally:
-            lock.release()
+    def publish(self, steps: int, entered: Sequence[Entered], completed: Mapping[int, int],
+                now: float) -> None:
+        """Record the rank's progress as one consistent record: the step count (stamped `now`
+        when it changed) and, for each registered group, its last collective entered as
+        (seq, op, time) and its last completed seq."""
+        words, doubles = self._words, self._doubles
+        with self._lock:
+            self._begin()
+            if steps != self._steps:
+                words[OFF_PROGRESS // 8] = steps
+                doubles[OFF_PROGRESS // 8 + 1] = now
+                self._steps = steps
+            for slot, op_written in enumerate(self._ops):
+                seq, op, entered_at = entered[slot]
+                base = OFF_GROUPS + slot * GROUP_SLOT_SIZE
+                if op != op_written:
+                    self._bytes[base + OFF_OP:base + OFF_ENTERED_SEQ] = op[:24].ljust(24, b"\0")
+                    self._ops[slot] = op
+                words[(base + OFF_ENTERED_SEQ) // 8] = seq
+                doubles[(base + OFF_ENTERED_AT) // 8] = entered_at
+                words[(base + OFF_COMPLETED) // 8] = completed.get(slot, 0)
+            self._end()
 
     def set_phase(self, name: str, started: float, timeout: float) -> None:
         with self._lock:

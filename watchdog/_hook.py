@@ -23,8 +23,8 @@ from watchdog._hook_imports import after_import
 from watchdog._hook_recorder import Recorder
 from watchdog._hook_torch import TorchPatches
 
-HEARTBEAT_INTERVAL = 0.2  # seconds
-HEARTBEAT_THREAD = "torch-hang-watchdog-heartbeat"
+PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by default
+PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -63,12 +63,13 @@ def _start(env: Mapping[str, str], pid: int) -> Recorder:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity)
     recorder = Recorder(writer, identity)
-    writer.heartbeat(time.time())
+    recorder.publish()
     os.environ[HOOK_PID] = str(pid)
     os.register_at_fork(after_in_child=_disable_in_child)
     atexit.register(recorder.mark_exit, EXIT_CLEAN, 0)
     sys.excepthook = _marking_excepthook(recorder, sys.excepthook)
-    threading.Thread(target=_beat, args=(recorder,), name=HEARTBEAT_THREAD, daemon=True).start()
+    threading.Thread(target=_publish_forever, args=(recorder,), name=PUBLISHER_THREAD,
+                     daemon=True).start()
     after_import(TorchPatches(recorder).post_import_hooks(), recorder.fail)
     return recorder
 
@@ -88,15 +89,13 @@ def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
     return excepthook
 
 
-def _beat(recorder: Recorder) -> None:
-    """Liveness: it stops when the process dies, or when native code holds the GIL for good."""
-    writer = recorder.writer
+def _publish_forever(recorder: Recorder) -> None:
+    """Progress and liveness reach the beacon from here. Publishing stops when the process dies,
+    or when native code holds the GIL for good: the stale stamp is what tells that rank from one
+    blocked in a collective, which releases the GIL."""
     while not recorder.failed:
-        try:
-            writer.heartbeat(time.time())
-        except Exception as e:
-            recorder.fail(e)
-        time.sleep(HEARTBEAT_INTERVAL)
+        recorder.publish()
+        time.sleep(PUBLISH_INTERVAL)
 
 
 def step() -> None:
@@ -104,7 +103,7 @@ def step() -> None:
     called, optimizer steps stop counting. A no-op where the hook is not installed."""
     recorder = _recorder
     if recorder is not None:
-        recorder.step(manual=True)
+        recorder.step()
 
 
 @contextlib.contextmanager

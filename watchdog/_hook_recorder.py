@@ -1,10 +1,14 @@
 """What the hook records, and when (runs inside every training rank; stdlib only).
 
-The patched torch calls report events here; this turns them into beacon writes. An implicit
-collective (DDP's backward all-reduce) and an async one stay pending until this rank's next
-event, because nothing in Python sees them finish. No method raises: a fault in recording
-disables it and removes the beacon, so the agent falls back to treating the rank as one
-without a hook instead of reading a beacon that silently stopped.
+The patched torch calls report events here, from the training threads. They only update this
+rank's progress in Python objects: the hook's publisher thread copies it into the beacon several
+times a second (`publish`), so a training step pays for a few list stores, not for a shared
+record's lock and seqlock. The beacon lags by at most one publish interval, and a rank blocked
+in a collective has released the GIL to the publisher. An implicit collective (DDP's backward
+all-reduce) and an async one stay pending until this rank's next event, because nothing in
+Python sees them finish. No method raises: a fault in recording disables it and removes the
+beacon, so the agent falls back to treating the rank as one without a hook instead of reading a
+beacon that silently stopped.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import sys
 import time
 
-from watchdog._beacon import BeaconWriter, Identity
+from watchdog._beacon import MAX_GROUPS, NOT_ENTERED, BeaconWriter, Entered, Identity
 
 NO_PHASE = ("", 0.0, 0.0)
 
@@ -25,6 +29,8 @@ class Recorder:
 
     # Its attributes are read several times per training step: slots make each read one load.
     __slots__ = (
+        "_completed",
+        "_entered",
         "_manual_steps",
         "_pending",
         "_phase",
@@ -44,7 +50,12 @@ class Recorder:
         self.enabled = True
         self.failed = False
         self.exited = False
-        self._pending: list[tuple[int, int]] = []  # (slot, seq) waiting for the next event
+        # Indexed by beacon slot; each item is replaced whole, so the publisher reads it whole.
+        self._entered: list[Entered] = [NOT_ENTERED] * MAX_GROUPS
+        # slot -> seq: the last collective completed, and those waiting for the next event.
+        # Completing the pending ones is then a dict update, with no Python loop in the step.
+        self._completed: dict[int, int] = {}
+        self._pending: dict[int, int] = {}
         self._steps = 0
         self._manual_steps = False
         self._phase = NO_PHASE
@@ -60,48 +71,60 @@ class Recorder:
         with contextlib.suppress(OSError):
             os.unlink(self.writer.path)
 
-    def enter(self, slot: int, op: bytes) -> int:
-        """Record entering the next collective of group `slot`; returns its seq (0 on a fault)."""
+    # enter() and optimizer_stepped() run in every training step, right after the rank waited
+    # in a collective: with cold caches each Python call costs about a microsecond there, so
+    # they call no helper of their own.
+    def enter(self, slot: int, op: bytes, pending: bool = False) -> int:
+        """Record entering the next collective of group `slot`; returns its seq (0 on a fault).
+        A `pending` collective is one whose end Python never sees: it completes at the next
+        event of this rank."""
         try:
             if self._pending:
-                self._complete_pending()
-            return self.writer.enter(slot, op, time.time())
+                self._completed.update(self._pending)
+                self._pending.clear()
+            seq = self._entered[slot][0] + 1
+            self._entered[slot] = (seq, op, time.time())
+            if pending:
+                self._pending[slot] = seq
+            return seq
         except Exception as e:
             self.fail(e)
             return 0
 
     def complete(self, slot: int, seq: int) -> None:
-        try:
-            self.writer.complete(slot, seq)
-        except Exception as e:
-            self.fail(e)
-
-    def enter_pending(self, slot: int, op: bytes) -> None:
-        """Record a collective whose end Python never sees: it completes at the next event."""
-        self.leave_pending(slot, self.enter(slot, op))
+        self._completed[slot] = seq
 
     def leave_pending(self, slot: int, seq: int) -> None:
-        self._pending.append((slot, seq))
+        """Treat an entered collective as pending after all (an async one)."""
+        self._pending[slot] = seq
 
-    def _complete_pending(self) -> None:
-        for slot, seq in self._pending:
-            self.writer.complete(slot, seq)
-        self._pending.clear()
-
-    def step(self, manual: bool) -> None:
-        """Count a training step. Once `watchdog.step()` is used, optimizer steps stop counting,
+    def optimizer_stepped(self, _optimizer: object, _args: object, _kwargs: object) -> None:
+        """The global optimizer step hook: counts a step, unless `watchdog.step()` counts them,
         so a loop with several optimizers, or with both, counts each step once."""
+        if self.enabled:
+            if not self._manual_steps:
+                self._steps += 1
+            if self._pending:
+                self._completed.update(self._pending)
+                self._pending.clear()
+
+    def step(self) -> None:
+        """Count a training step by hand; from now on optimizer steps are not counted."""
+        if self.enabled:
+            self._manual_steps = True
+            self.optimizer_stepped(None, None, None)
+            self._steps += 1
+
+    def publish(self) -> None:
+        """Copy the progress recorded so far into the beacon, with a fresh liveness stamp."""
         if not self.enabled:
             return
         try:
-            if manual:
-                self._manual_steps = True
-            if manual or not self._manual_steps:
-                self._steps += 1
-                self.writer.step(self._steps, time.time(), self._pending)
-                self._pending.clear()
-            elif self._pending:
-                self._complete_pending()
+            # completed is copied first: a copy of entered taken after it is never behind it
+            completed = self._completed.copy()
+            now = time.time()
+            self.writer.publish(self._steps, self._entered[:], completed, now)
+            self.writer.heartbeat(now)
         except Exception as e:
             self.fail(e)
 
@@ -132,6 +155,7 @@ class Recorder:
         if not self.enabled or self.exited or os.getpid() != self.pid:
             return
         self.exited = True
+        self.publish()
         try:
             self.writer.mark_exit(state, code, time.time())
         except Exception as e:

@@ -221,15 +221,10 @@ class TorchPatches:
                 if slot is None:
                     slot = register(ddp.process_group, ddp.process_group, None)
                 if slot >= 0:
-                    rec.enter_pending(slot, DDP_OP)
+                    rec.enter(slot, DDP_OP, True)
             return original(ddp, *inputs, **kwargs)
 
         ddp_class.forward = forward
 
     def patch_optimizer(self, module: ModuleType) -> None:
-        rec = self._rec
-
-        def count_step(optimizer: object, args: object, kwargs: object) -> None:
-            rec.step(False)
-
-        module.register_optimizer_step_post_hook(count_step)
+        module.register_optimizer_step_post_hook(self._rec.optimizer_stepped)

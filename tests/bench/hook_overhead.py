@@ -1,12 +1,14 @@
 """What the hook costs (a script, not a test): `python tests/bench/hook_overhead.py`.
 
 (a) ns per recorded event: the recorder's enter+complete path, and a wrapped collective minus the
-    same call unwrapped (a no-op stand-in, so no communication noise hides the difference);
+    same call unwrapped (a no-op stand-in, so no communication noise hides the difference); and
+    what the publisher thread spends per round copying that into the beacon;
 (b) step time of a small 2-rank gloo DDP job under torchrun, hooked vs unhooked: one run that
-    turns recording on or off for each step in a random order, so both see the same machine
-    state. (On two cores, blocks of 50 steps each way gave ratios from 0.97 to 1.04 from run to
-    run, and strict alternation was biased: even steps ran slower than odd ones.) Wall-clock time
-    includes waiting for the peer; the main thread's CPU time, which the hook adds to, does not.
+    installs or removes the hook's patches before each step, in a random order, so both see the
+    same machine state. (On two cores, blocks of 50 steps each way gave ratios from 0.97 to 1.04
+    from run to run, and strict alternation was biased: even steps ran slower than odd ones.)
+    Wall-clock time includes waiting for the peer; the main thread's CPU time, which the hook
+    adds to, does not.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ sys.path.insert(0, str(REPO))
 
 from watchdog._beacon import BeaconWriter, Identity  # noqa: E402
 from watchdog._demo.run_demo import free_port  # noqa: E402
+from watchdog._hook import PUBLISH_INTERVAL  # noqa: E402
 from watchdog._hook_recorder import Recorder  # noqa: E402
 from watchdog._hook_torch import TorchPatches  # noqa: E402
 
 EVENTS = 1_000_000
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
-WARMUP_STEPS, STEPS = 200, 3000  # STEPS each way, in a random order
+WARMUP_STEPS, STEPS = 200, 10_000  # STEPS each way, in a random order
 # Hidden widths of the MLP: a sub-millisecond step, where the hook's fixed cost per step shows
 # most, and a few-millisecond one, still far shorter than a GPU training step.
 WIDTHS = (64, 512)
@@ -72,9 +75,36 @@ def event_costs() -> None:
         print(f"(a) wrapped collective: {hooked_ns:.0f} ns vs {bare_ns:.0f} ns unwrapped: "
               f"+{hooked_ns - bare_ns:.0f} ns per collective (2 events)")
 
+        for n_groups in (1, 4):
+            for name in range(1, n_groups):
+                recorder.writer.group_slot(str(name), (0, 1), 2)
+            publish_ns = per_call_ns(recorder.publish, EVENTS // 10)
+            print(f"(a) publisher thread, {n_groups} process group(s): {publish_ns / 1e3:.1f} us "
+                  f"per round, every {PUBLISH_INTERVAL} s: "
+                  f"{publish_ns / 1e9 / PUBLISH_INTERVAL:.4%} of one core")
+
+
+def hook_switch(recorder: Recorder) -> Any:
+    """Turns the hook's per-step work on or off: DDP's forward patch, the optimizer step hook
+    and recording. Off, a step runs torch's own code only."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    hooked_forward = DistributedDataParallel.forward
+    post_hooks = sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks
+    assert len(post_hooks) == 1, "expected the hook's step counter as the only global hook"
+    ours = dict(post_hooks)
+
+    def switch(on: bool) -> None:
+        recorder.enabled = on
+        DistributedDataParallel.forward = (  # type: ignore[method-assign]
+            hooked_forward if on else hooked_forward.__wrapped__)
+        post_hooks.update(ours) if on else post_hooks.clear()
+
+    return switch
+
 
 def ddp_worker(out: str, width: int) -> None:
-    """One rank of the step-time job: recording is on for a random half of the steps."""
+    """One rank of the step-time job: the hook is on for a random half of the steps."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -89,6 +119,7 @@ def ddp_worker(out: str, width: int) -> None:
         torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     batch = torch.randn(32, width)
+    switch = hook_switch(recorder)
 
     def step() -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -103,9 +134,9 @@ def ddp_worker(out: str, width: int) -> None:
     modes = ["hooked", "unhooked"] * STEPS
     random.Random(0).shuffle(modes)  # same order on both ranks
     for mode in modes:
-        recorder.enabled = mode == "hooked"
+        switch(mode == "hooked")
         times[mode].append(step())
-    recorder.enabled = True
+    switch(True)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()

@@ -20,6 +20,7 @@ from watchdog._beacon import (
     MAGIC,
     MAX_GROUPS,
     MAX_LISTED_RANKS,
+    NOT_ENTERED,
     OFF_GROUPS,
     OFF_N_GROUPS,
     SIZE,
@@ -45,11 +46,9 @@ def test_round_trip(tmp_path: Path) -> None:
     world = writer.group_slot("0", (0, 1, 2, 3), 4)
     sub = writer.group_slot("1", (3, 1), 4)
     assert writer.group_slot("0", (0, 1, 2, 3), 4) == world
-    seq = writer.enter(world, b"all_reduce", 10.0)
-    writer.complete(world, seq)
-    writer.enter(world, b"barrier", 11.0)
-    writer.enter(sub, b"broadcast", 12.0)
-    writer.step(6, 13.0)
+    entered = [NOT_ENTERED] * MAX_GROUPS
+    entered[world], entered[sub] = (2, b"barrier", 11.0), (1, b"broadcast", 12.0)
+    writer.publish(6, entered, {world: 1}, 13.0)
     writer.set_phase("checkpoint", 14.0, 600.0)
     writer.heartbeat(15.0)
     writer.mark_exit(EXIT_EXCEPTION, 1, 16.0)
@@ -66,6 +65,18 @@ def test_round_trip(tmp_path: Path) -> None:
     )
     assert snap.events == 6 + 2 + 1 + 1
     assert snap.last_event_at == 13.0
+
+
+def test_publish_stamps_steps_only_when_they_change(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    world = writer.group_slot("0", (0, 1), 2)
+    for seq, op, now in ((1, b"all_reduce", 10.0), (1, b"all_reduce", 11.0), (2, b"barrier", 12.0)):
+        entered = [NOT_ENTERED] * MAX_GROUPS
+        entered[world] = (seq, op, now - 0.5)
+        writer.publish(1 if now < 12.0 else 3, entered, {world: seq}, now)
+        snap = read_beacon(open_beacon(writer.path))
+        assert (snap.groups[0].op, snap.groups[0].entered_seq) == (op.decode(), seq)
+    assert (snap.steps, snap.step_at, snap.groups[0].entered_at) == (3, 12.0, 11.5)
 
 
 def test_world_group_is_stored_compactly_at_any_size(tmp_path: Path) -> None:
@@ -92,7 +103,7 @@ def test_beacon_path_keeps_job_ids_file_safe() -> None:
 def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
     writer = make_writer(tmp_path)
     mapping = open_beacon(writer.path)
-    writer.step(1, 1.0)
+    writer.publish(1, [], {}, 1.0)
     writer.close()
     assert read_beacon(mapping).steps == 1
 
@@ -129,14 +140,15 @@ def _with_n_groups(data: bytes, n_groups: int) -> bytes:
     return data[:OFF_N_GROUPS] + struct.pack("<I", n_groups) + data[OFF_N_GROUPS + 4:]
 
 
-def _write_forever(writer: BeaconWriter, slot: int) -> None:
+def _write_forever(writer: BeaconWriter) -> None:
     """Each round leaves values a reader can cross-check: op and time name the seq they go with,
     steps trail the completed seq. A torn read mixes rounds and breaks one of these."""
     seq = 0
     while True:
-        seq = writer.enter(slot, f"op{seq + 1}".encode(), float(seq + 1))
-        writer.complete(slot, seq)
-        writer.step(seq, float(seq))
+        seq += 1
+        entered = [(seq, f"op{seq}".encode(), float(seq))]
+        writer.publish(seq - 1, entered, {0: seq - 1}, float(seq - 1))
+        writer.publish(seq, entered, {0: seq}, float(seq))
         # A few microseconds between rounds, as between a rank's collectives: a writer that
         # never pauses starves any seqlock reader, which is not what this test is about.
         pause_until = time.perf_counter() + 5e-6
@@ -146,9 +158,9 @@ def _write_forever(writer: BeaconWriter, slot: int) -> None:
 
 def test_concurrent_reader_never_sees_a_torn_record(tmp_path: Path) -> None:
     writer = make_writer(tmp_path)
-    slot = writer.group_slot("0", (0, 1, 2, 3), 4)
+    writer.group_slot("0", (0, 1, 2, 3), 4)
     process = multiprocessing.get_context("fork").Process(
-        target=_write_forever, args=(writer, slot), daemon=True)
+        target=_write_forever, args=(writer,), daemon=True)
     process.start()
     reads, unsettled, seen = 0, 0, set()
     try:

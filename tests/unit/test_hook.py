@@ -18,6 +18,7 @@ from watchdog._beacon import (
     EXIT_CLEAN,
     EXIT_EXCEPTION,
     EXIT_RUNNING,
+    MAX_GROUPS,
     BeaconGroup,
     BeaconSnapshot,
     BeaconWriter,
@@ -147,6 +148,20 @@ def test_installed_rank_records_steps_and_clean_exit(tmp_path: Path) -> None:
     assert snap.heartbeat > 0
 
 
+def test_publisher_thread_shows_progress_while_the_rank_runs(tmp_path: Path) -> None:
+    code = ("import glob, os, time, watchdog\n"
+            "from watchdog._beacon import open_beacon, read_beacon\n"
+            "watchdog.install(); watchdog.step(); watchdog.step()\n"
+            "(path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*')\n"
+            "deadline = time.monotonic() + 10\n"
+            "while read_beacon(open_beacon(path)).steps < 2 and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n"
+            "snap = read_beacon(open_beacon(path))\n"
+            "print(snap.steps, snap.exit_state, snap.heartbeat >= snap.step_at > 0)")
+    run = run_python(code, hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))
+    assert run.stdout.split() == ["2", str(EXIT_RUNNING), "True"], run.stderr
+
+
 def test_uncaught_exception_marks_the_exit_and_still_reaches_the_previous_hook(
         tmp_path: Path) -> None:
     run = run_python("raise KeyError('boom')", hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))
@@ -207,13 +222,31 @@ def make_recorder(tmp_path: Path) -> Recorder:
     return Recorder(BeaconWriter(str(tmp_path / "r.beacon"), identity), identity)
 
 
+def published(recorder: Recorder) -> BeaconSnapshot:
+    """What the agent reads after the publisher thread's next round."""
+    recorder.publish()
+    return read_beacon(open_beacon(recorder.writer.path))
+
+
+def test_events_reach_the_beacon_when_published(tmp_path: Path) -> None:
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    recorder.complete(slot, recorder.enter(slot, b"all_reduce"))
+    recorder.optimizer_stepped(None, None, None)
+    unpublished = read_beacon(open_beacon(recorder.writer.path))
+    assert (unpublished.steps, unpublished.groups[0].entered_seq) == (0, 0)
+    snap = published(recorder)
+    assert (snap.steps, snap.groups[0].entered_seq, snap.groups[0].completed_seq) == (1, 1, 1)
+    assert snap.groups[0].entered_at <= snap.step_at <= snap.heartbeat
+
+
 def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter_pending(slot, b"all_reduce")
-    assert read_beacon(open_beacon(recorder.writer.path)).groups[0].completed_seq == 0
-    recorder.step(manual=False)
-    snap = read_beacon(open_beacon(recorder.writer.path))
+    recorder.enter(slot, b"all_reduce", pending=True)
+    assert published(recorder).groups[0].completed_seq == 0
+    recorder.optimizer_stepped(None, None, None)
+    snap = published(recorder)
     assert (snap.groups[0].completed_seq, snap.steps) == (1, 1)
 
 
@@ -221,16 +254,17 @@ def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None
     """Two DDP forwards without an optimizer step between them (an evaluation pass with grad)."""
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter_pending(slot, b"all_reduce")
-    recorder.enter_pending(slot, b"all_reduce")
-    group = read_beacon(open_beacon(recorder.writer.path)).groups[0]
+    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter(slot, b"all_reduce", pending=True)
+    group = published(recorder).groups[0]
     assert (group.entered_seq, group.completed_seq) == (2, 1)
-    recorder.step(manual=True)
-    assert read_beacon(open_beacon(recorder.writer.path)).groups[0].completed_seq == 2
-    recorder.step(manual=False)  # not counted once steps are manual, but still an event
-    recorder.enter_pending(slot, b"all_reduce")
-    recorder.step(manual=False)
-    snap = read_beacon(open_beacon(recorder.writer.path))
+    recorder.step()
+    assert published(recorder).groups[0].completed_seq == 2
+    # not counted once steps are manual, but still an event
+    recorder.optimizer_stepped(None, None, None)
+    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.optimizer_stepped(None, None, None)
+    snap = published(recorder)
     assert (snap.groups[0].entered_seq, snap.groups[0].completed_seq, snap.steps) == (3, 3, 1)
 
 
@@ -240,24 +274,25 @@ def test_each_collective_shows_its_own_op(tmp_path: Path) -> None:
     seen = []
     for op in (b"all_reduce", b"barrier", b"barrier", b"all_gather_into_tensor", b"all_reduce"):
         recorder.complete(slot, recorder.enter(slot, op))
-        seen.append(read_beacon(open_beacon(recorder.writer.path)).groups[0].op)
+        seen.append(published(recorder).groups[0].op)
     assert seen == ["all_reduce", "barrier", "barrier", "all_gather_into_tensor", "all_reduce"]
 
 
 def test_manual_steps_take_over_from_optimizer_steps(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
-    recorder.step(manual=False)
-    recorder.step(manual=True)
-    recorder.step(manual=False)  # a second optimizer, or the same loop's: not counted again
-    recorder.step(manual=True)
-    assert read_beacon(open_beacon(recorder.writer.path)).steps == 3
+    recorder.optimizer_stepped(None, None, None)
+    recorder.step()
+    # a second optimizer, or the same loop's: not counted again
+    recorder.optimizer_stepped(None, None, None)
+    recorder.step()
+    assert published(recorder).steps == 3
 
 
 def test_internal_fault_disables_recording_and_removes_the_beacon(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recorder = make_recorder(tmp_path)
-    assert recorder.enter(5, b"all_reduce") == 0  # slot 5 was never registered
-    recorder.step(manual=True)
+    assert recorder.enter(MAX_GROUPS, b"all_reduce") == 0  # no such slot
+    recorder.step()
     assert not recorder.enabled
     assert not os.path.exists(recorder.writer.path)
     assert capsys.readouterr().err.count("hook disabled after an internal error") == 1
