@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from watchdog import _evidence
+from watchdog._beacon import MAX_LISTED_RANKS
 from watchdog._model import (
     CollectiveRef,
     Frame,
@@ -332,7 +333,7 @@ def test_trap_summary_shows_both_sides() -> None:
     assert verdict is not None
     assert verdict.summary == (
         "rank 0 (stuck in save_checkpoint at train.py:58) is in barrier #57 on group 0 (world) "
-        "while ranks 1,2,3 are in all_reduce #57 since 12:00:03"
+        "while ranks 1-3 are in all_reduce #57 since 12:00:03"
     )
 
 
@@ -496,6 +497,29 @@ def test_rank_still_importing_torch_while_the_others_wait_in_init() -> None:
         (1, 2, 3),
     )
     assert verdict.summary == (
-        "rank 0 (stuck in <module> at train.py:14) never reached the collective that ranks 1,2,3 "
+        "rank 0 (stuck in <module> at train.py:14) never reached the collective that ranks 1-3 "
         "wait in (init_process_group called at train.py:94)"
     )
+
+
+def test_group_members_beyond_those_a_beacon_lists_still_count() -> None:
+    """A beacon lists the first MAX_LISTED_RANKS members of a group (test_beacon checks it); a
+    member past those shows by having the group in its own beacon. Here rank 290 skipped the
+    group's collective #5 and went on to the world all-reduce, where rank 300, outside the
+    group, waits with it."""
+    world, members = tuple(range(301)), tuple(range(300))  # dist.new_group(range(300))
+    listed = members[:MAX_LISTED_RANKS]
+    ranks = [rank(300, entered(58, 5.0, ranks=world), world_size=301)]
+    for number in members:
+        if number == 290:
+            progress = (entered(58, 5.1, ranks=world), done(4, 2.0, group="1", ranks=listed))
+        else:
+            progress = (done(57, 3.0, ranks=world), entered(5, 4.0, group="1", ranks=listed))
+        ranks.append(rank(number, *progress, world_size=301))
+    verdict = decide(snapshot(*ranks))
+    assert verdict is not None
+    # rank 300 shares rank 290's side of the mismatch: the engine blames the smaller side
+    assert verdict.kind == Kind.COLLECTIVE_MISMATCH and 290 in verdict.culprit_ranks
+    assert verdict.collective == CollectiveRef("1", members, 5, "all_reduce")
+    assert "while ranks 0-289,291-299 wait in all_reduce #5 on group 1 (ranks 0-299)" in (
+        verdict.summary)
