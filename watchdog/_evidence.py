@@ -150,8 +150,13 @@ def awaited_collective(
 def group_members(snapshot: JobSnapshot, group: str) -> tuple[int, ...]:
     """The ranks the group's members list, and every rank that has the group itself: a beacon
     lists only the first MAX_LISTED_RANKS members of a group."""
-    having = {r.rank for r in snapshot.ranks if r.group(group) is not None}
-    declared = {m for r in snapshot.ranks for p in r.groups if p.group == group for m in p.ranks}
+    declared: set[int] = set()
+    having: set[int] = set()
+    for rank in snapshot.ranks:
+        progress = rank.group(group)
+        if progress is not None:
+            having.add(rank.rank)
+            declared.update(progress.ranks)
     if not declared and group == WORLD_GROUP:
         return tuple(range(snapshot.world_size))
     return tuple(sorted(declared | having))

@@ -98,7 +98,10 @@ def hook_switch(recorder: Recorder) -> Any:
         recorder.enabled = on
         DistributedDataParallel.forward = (  # type: ignore[method-assign]
             hooked_forward if on else hooked_forward.__wrapped__)
-        post_hooks.update(ours) if on else post_hooks.clear()
+        if on:
+            post_hooks.update(ours)
+        else:
+            post_hooks.clear()
 
     return switch
 
