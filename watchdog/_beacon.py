@@ -67,6 +67,7 @@ assert OFF_PROGRESS % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == OFF_ENTERED_
 
 Entered = tuple[int, bytes, float]  # a group's last collective entered: seq, op, unix time
 NOT_ENTERED: Entered = (0, b"", 0.0)
+UNTIMED = 0.0  # an entry's time when the writer is to stamp it: `publish` does, when first seen
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ class BeaconWriter:
                 now: float) -> None:
         """Record the rank's progress as one consistent record: the step count (stamped `now`
         when it changed) and, for each registered group, its last collective entered as
-        (seq, op, time) and its last completed seq."""
+        (seq, op, time) and its last completed seq. An UNTIMED entry is stamped `now` by the
+        first publish that sees its seq."""
         words, doubles = self._words, self._doubles
         with self._lock:
             self._begin()
@@ -218,8 +220,11 @@ class BeaconWriter:
                 if op != op_written:
                     self._bytes[base + OFF_OP:base + OFF_ENTERED_SEQ] = op[:24].ljust(24, b"\0")
                     self._ops[slot] = op
-                words[(base + OFF_ENTERED_SEQ) // 8] = seq
-                doubles[(base + OFF_ENTERED_AT) // 8] = entered_at
+                seq_word, at_double = (base + OFF_ENTERED_SEQ) // 8, (base + OFF_ENTERED_AT) // 8
+                if entered_at == UNTIMED:
+                    entered_at = doubles[at_double] if seq == words[seq_word] else now
+                words[seq_word] = seq
+                doubles[at_double] = entered_at
                 words[(base + OFF_COMPLETED) // 8] = completed.get(slot, 0)
             self._end()
 

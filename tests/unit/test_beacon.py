@@ -24,6 +24,7 @@ from watchdog._beacon import (
     OFF_GROUPS,
     OFF_N_GROUPS,
     SIZE,
+    UNTIMED,
     VERSION,
     BeaconGroup,
     BeaconWriter,
@@ -217,3 +218,17 @@ def test_any_bytes_give_a_snapshot_or_beacon_error(header: bool, seed: int, worl
     assert len(snap.groups) == n_groups
     for group, listed in zip(snap.groups, n_listed[:n_groups], strict=True):
         assert len(group.ranks) == (world if listed == ALL_WORLD else listed)
+
+
+def test_publish_times_an_untimed_entry_when_it_first_sees_its_seq(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    world = writer.group_slot("0", (0, 1), 2)
+    entered = [NOT_ENTERED] * MAX_GROUPS
+    stamps = []
+    for seq, entered_at, now in ((1, UNTIMED, 10.0), (1, UNTIMED, 10.2), (2, 10.3, 10.4),
+                                 (3, UNTIMED, 10.6), (3, UNTIMED, 10.8)):
+        entered[world] = (seq, b"all_reduce", entered_at)
+        writer.publish(0, entered, {}, now)
+        group = read_beacon(open_beacon(writer.path)).groups[0]
+        stamps.append((group.entered_seq, group.entered_at))
+    assert stamps == [(1, 10.0), (1, 10.0), (2, 10.3), (3, 10.6), (3, 10.6)]

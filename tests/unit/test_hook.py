@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,18 @@ def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
     recorder.optimizer_stepped(None, None, None)
     snap = published(recorder)
     assert (snap.groups[0].completed_seq, snap.steps) == (1, 1)
+
+
+def test_a_pending_collective_is_timed_when_first_published(tmp_path: Path) -> None:
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    recorder.enter(slot, b"all_reduce", pending=True)
+    first = published(recorder)
+    assert 0 < first.groups[0].entered_at <= first.heartbeat
+    assert published(recorder).groups[0].entered_at == first.groups[0].entered_at
+    time.sleep(0.01)  # so the clock has moved when the next one is stamped
+    recorder.enter(slot, b"all_reduce", pending=True)
+    assert published(recorder).groups[0].entered_at > first.groups[0].entered_at
 
 
 def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None:
