@@ -36,10 +36,11 @@ from watchdog._hook_torch import TorchPatches  # noqa: E402
 
 EVENTS = 1_000_000
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
-WARMUP_STEPS, STEPS = 200, 10_000  # STEPS each way, in a random order
-# Hidden widths of the MLP: a sub-millisecond step, where the hook's fixed cost per step shows
-# most, and a few-millisecond one, still far shorter than a GPU training step.
-WIDTHS = (64, 512)
+WARMUP_STEPS = 200
+# Hidden width of the MLP -> steps each way, in a random order: a sub-millisecond step, where the
+# hook's fixed cost per step shows most and many steps are cheap (they narrow the interval),
+# and a few-millisecond one, still far shorter than a GPU training step.
+STEPS = {64: 40_000, 512: 10_000}
 BOOTSTRAP = 400
 
 
@@ -134,7 +135,7 @@ def ddp_worker(out: str, width: int) -> None:
     for _ in range(WARMUP_STEPS):
         step()
     times: dict[str, list[tuple[float, float]]] = {"hooked": [], "unhooked": []}
-    modes = ["hooked", "unhooked"] * STEPS
+    modes = ["hooked", "unhooked"] * STEPS[width]
     random.Random(0).shuffle(modes)  # same order on both ranks
     for mode in modes:
         switch(mode == "hooked")
@@ -173,8 +174,8 @@ def step_costs(width: int) -> None:
         if run.returncode != 0:
             sys.exit(f"the step-time job failed ({run.returncode}):\n{run.stderr[-3000:]}")
         times = json.loads(Path(out).read_text())
-    print(f"(b) DDP step of rank 0, 2 ranks gloo, MLP {width} wide, {STEPS} steps each way in "
-          "a random order")
+    print(f"(b) DDP step of rank 0, 2 ranks gloo, MLP {width} wide, {STEPS[width]} steps each "
+          "way in a random order")
     for column, label in enumerate(("wall-clock step time", "main-thread CPU time per step")):
         report(label, *([t[column] for t in times[m]] for m in ("hooked", "unhooked")))
 
@@ -184,5 +185,5 @@ if __name__ == "__main__":
         ddp_worker(sys.argv[2], int(sys.argv[3]))
     else:
         event_costs()
-        for width in WIDTHS:
+        for width in STEPS:
             step_costs(width)
