@@ -197,7 +197,6 @@ def rank_state(worker: Worker, now: float) -> RankState:
     snap = worker.snapshot
     if snap is None:
         return base
-    exit_code = {_beacon.EXIT_CLEAN: 0, _beacon.EXIT_EXCEPTION: 1}.get(snap.exit_state)
     return replace(
         base, hooked=True,
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
@@ -206,5 +205,6 @@ def rank_state(worker: Worker, now: float) -> RankState:
                                    g.op, g.completed_seq, g.entered_at) for g in snap.groups),
         phase=snap.phase, phase_age=now - snap.phase_started if snap.phase else 0.0,
         phase_timeout=snap.phase_timeout,
-        exit_code=exit_code if worker.exited_at is not None else None,
+        exit_code=(snap.exit_code if worker.exited_at is not None
+                   and snap.exit_state != _beacon.EXIT_RUNNING else None),
         clean_exit=snap.exit_state == _beacon.EXIT_CLEAN)

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
-from watchdog._beacon import EXIT_CLEAN, EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog._beacon import EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
 from watchdog._env import HOOK_PID, beacon_dir, int_env, job_id
 from watchdog._hook_imports import after_import
 from watchdog._hook_recorder import Recorder
@@ -27,6 +27,11 @@ PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by defa
 PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+class Exit(Protocol):  # sys.exit
+    def __call__(self, status: str | int | None = None, /) -> NoReturn: ...
+
 
 _recorder: Recorder | None = None  # this process's, once installed
 
@@ -66,8 +71,9 @@ def _start(env: Mapping[str, str], pid: int) -> Recorder:
     recorder.publish()
     os.environ[HOOK_PID] = str(pid)
     os.register_at_fork(after_in_child=_disable_in_child)
-    atexit.register(recorder.mark_exit, EXIT_CLEAN, 0)
+    atexit.register(recorder.mark_shutdown)
     sys.excepthook = _marking_excepthook(recorder, sys.excepthook)
+    sys.exit = _noting_exit(recorder, sys.exit)
     threading.Thread(target=_publish_forever, args=(recorder,), name=PUBLISHER_THREAD,
                      daemon=True).start()
     after_import(TorchPatches(recorder).post_import_hooks(), recorder.fail)
@@ -87,6 +93,27 @@ def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
         return previous(kind, error, traceback)
 
     return excepthook
+
+
+def _noting_exit(recorder: Recorder, original: Exit) -> Exit:
+    """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3.
+    A call from another thread only ends that thread; `raise SystemExit(3)` goes unnoticed."""
+    def exit(status: str | int | None = None, /) -> NoReturn:
+        with contextlib.suppress(Exception):
+            if threading.current_thread() is threading.main_thread():
+                recorder.exit_code = _exit_code(status)
+        original(status)
+
+    return exit
+
+
+def _exit_code(status: object) -> int:
+    """The code a process leaving through SystemExit(status) ends with, as its parent sees it."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    return 1  # Python prints any other status and exits with 1
 
 
 def _publish_forever(recorder: Recorder) -> None:

@@ -19,7 +19,15 @@ import os
 import sys
 import time
 
-from watchdog._beacon import MAX_GROUPS, NOT_ENTERED, UNTIMED, BeaconWriter, Entered, Identity
+from watchdog._beacon import (
+    EXIT_CLEAN,
+    MAX_GROUPS,
+    NOT_ENTERED,
+    UNTIMED,
+    BeaconWriter,
+    Entered,
+    Identity,
+)
 
 NO_PHASE = ("", 0.0, 0.0)
 
@@ -36,6 +44,7 @@ class Recorder:
         "_phase",
         "_steps",
         "enabled",
+        "exit_code",
         "exited",
         "failed",
         "identity",
@@ -50,6 +59,7 @@ class Recorder:
         self.enabled = True
         self.failed = False
         self.exited = False
+        self.exit_code = 0  # what the main thread asked sys.exit for: atexit is not told
         # Indexed by beacon slot; each item is replaced whole, so the publisher reads it whole.
         self._entered: list[Entered] = [NOT_ENTERED] * MAX_GROUPS
         # slot -> seq of the last collective completed; and (slot, seq) of the one collective
@@ -154,6 +164,10 @@ class Recorder:
             self.writer.write_identity(self.identity)
         except Exception as e:
             self.fail(e)
+
+    def mark_shutdown(self) -> None:
+        """Record the interpreter's orderly exit (atexit), with the code sys.exit asked for."""
+        self.mark_exit(EXIT_CLEAN, self.exit_code)
 
     def mark_exit(self, state: int, code: int) -> None:
         """Record how the process ended; only the first call counts (excepthook, then atexit)."""

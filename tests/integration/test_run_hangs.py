@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 EXIT_HANG_KILLED = 3
 
 
@@ -64,13 +66,16 @@ def test_barrier_only_one_rank_reaches(watch) -> None:
     assert "save_checkpoint" in run.stack_functions(0)
 
 
-def test_rank_leaves_early_with_exit_code_0(watch) -> None:
-    run = watch("--fault", "early_exit", "--fault-rank", "3", "--fault-step", "3")
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_rank_leaves_early_with_its_exit_code(watch, exit_code: int) -> None:
+    run = watch("--fault", "early_exit", "--fault-rank", "3", "--fault-step", "3",
+                "--exit-code", str(exit_code))
     assert run.returncode != 0, run.output  # the peers crash when their connection drops
     assert run.incident is not None, run.output
     assert run.incident["kind"] == "RANK_EXITED"
     assert run.incident["culprit_ranks"] == [3]
-    assert run.rank(3)["exit_code"] == 0
+    assert run.rank(3)["exit_code"] == exit_code
+    assert f"exit code {exit_code}, clean shutdown" in run.incident["summary"]
     assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
 
 

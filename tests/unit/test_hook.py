@@ -172,6 +172,24 @@ def test_uncaught_exception_marks_the_exit_and_still_reaches_the_previous_hook(
     assert (snap.exit_state, snap.exit_code) == (EXIT_EXCEPTION, 1)
 
 
+@pytest.mark.parametrize("leave", ["sys.exit(3)", "sys.exit(256 + 7)", "sys.exit('bad config')",
+                                   "sys.exit()", "sys.exit(None)"])
+def test_the_code_sys_exit_asks_for_reaches_the_beacon(tmp_path: Path, leave: str) -> None:
+    run = run_python(f"import sys, watchdog\nwatchdog.step()\n{leave}",
+                     hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))
+    (snap,) = beacons(tmp_path).values()
+    assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, run.returncode), run.stderr
+
+
+def test_sys_exit_in_another_thread_ends_only_that_thread(tmp_path: Path) -> None:
+    code = ("import sys, threading, watchdog\n"
+            "thread = threading.Thread(target=sys.exit, args=(5,)); thread.start(); thread.join()")
+    run = run_python(code, hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))
+    assert run.returncode == 0, run.stderr
+    (snap,) = beacons(tmp_path).values()
+    assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, 0)
+
+
 def test_forked_child_never_writes_the_rank_beacon(tmp_path: Path) -> None:
     code = ("import os, sys, watchdog\n"
             "pid = os.fork()\n"

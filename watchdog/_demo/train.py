@@ -100,17 +100,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
     return parser.parse_args(argv)
 
 
-def inject(fault: str, rank: int, step: int, subgroup: dist.ProcessGroup | None) -> None:
+def inject(fault: str, rank: int, step: int, subgroup: dist.ProcessGroup | None,
+           exit_code: int) -> None:
     if fault == "lock":
         update_metrics()
     elif fault == "barrier":
         save_checkpoint()
     elif fault == "early_exit":
         print(f"rank {rank}: leaving early at step {step}", flush=True)
-        sys.exit(0)
+        sys.exit(exit_code)
     elif fault == "subgroup" and rank == 0:
         dist.all_reduce(torch.ones(1), group=subgroup)
     elif fault == "subgroup" and rank == 1:
@@ -140,7 +142,7 @@ def main(argv: list[str]) -> int:
             if args.fault == "slow_steps" and step % 3 == 1:
                 evaluate()
             if step == args.fault_step and (rank == args.fault_rank or args.fault == "subgroup"):
-                inject(args.fault, rank, step, subgroup)
+                inject(args.fault, rank, step, subgroup, args.exit_code)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
