@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -98,6 +99,7 @@ def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
 def _noting_exit(recorder: Recorder, original: Exit) -> Exit:
     """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3.
     A call from another thread only ends that thread; `raise SystemExit(3)` goes unnoticed."""
+    @functools.wraps(original)
     def exit(status: str | int | None = None, /) -> NoReturn:
         with contextlib.suppress(Exception):
             if threading.current_thread() is threading.main_thread():
