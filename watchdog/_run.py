@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -97,8 +98,9 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True,
                 stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
-        _forward_signals(proc.pid)
-        code = await _wait_job(proc, state, lambda: _live_worker_pids(agent))
+        workers = functools.partial(_live_worker_pids, agent)
+        _forward_signals(proc.pid, workers, out)
+        code = await _wait_job(proc, state, workers)
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
         coordinator.ingest(agent.scan())
         await asyncio.gather(*coordinator.evaluate_all())
@@ -131,22 +133,39 @@ async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
 
 async def _kill_job(proc: asyncio.subprocess.Process, exited: asyncio.Task[int],
                     workers: list[int]) -> None:
-    """torchrun puts each worker in a session of its own: signal them as well as torchrun."""
     for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        _signal_group(proc.pid, sig)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        _signal_job(proc.pid, workers, sig)
         done, _ = await asyncio.wait({exited}, timeout=wait)
         if done:
             return
 
 
-def _forward_signals(pgid: int) -> None:
-    """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us."""
+def _signal_job(pgid: int, workers: list[int], sig: int) -> None:
+    """torchrun puts each worker in a session of its own: signal them as well as torchrun."""
+    _signal_group(pgid, sig)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _forward_signals(pgid: int, workers: Callable[[], list[int]], out: TextIO) -> None:
+    """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us. A
+    second one kills the job outright: whoever presses Ctrl-C again wants it gone now, not after
+    torchrun's own grace period."""
     loop = asyncio.get_running_loop()
+    received = 0
+
+    def forward(sig: int) -> None:
+        nonlocal received
+        received += 1
+        if received == 1:
+            _signal_group(pgid, sig)
+        else:
+            out.write("watchdog: second signal: killing the job\n")
+            _signal_job(pgid, workers(), signal.SIGKILL)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _signal_group, pgid, sig)
+        loop.add_signal_handler(sig, forward, sig)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 JOB_TIMEOUT_S = 240
+WATCHDOG = [sys.executable, "-m", "watchdog"]
 
 
 @dataclass

@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import job_env, stop_process
+from _harness import WATCHDOG, job_env, stop_process
 
 from watchdog._demo.run_demo import free_port, torchrun_command
 
-WATCHDOG = [sys.executable, "-m", "watchdog"]
 DIAGNOSIS_DEADLINE_S = 120
 JOB_ID = "daemons-test-job"
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-from _harness import JOB_TIMEOUT_S, job_env
-
-WATCHDOG = [sys.executable, "-m", "watchdog"]
+from _harness import JOB_TIMEOUT_S, WATCHDOG, job_env
 
 
 def test_demo_names_rank_2_and_keeps_the_jobs_noise_apart(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from _harness import WATCHDOG
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -43,7 +43,6 @@ from watchdog._stall import StallPolicy
 from watchdog._store import IncidentStore
 from watchdog._wire import MAX_MESSAGE_BYTES
 
-WATCHDOG = [sys.executable, "-m", "watchdog"]
 TOKEN = "3f1c9e0b7a5d4c2e8f6a1b0c9d8e7f6a"
 STATUS = "/torch_hang_watchdog.v1.Coordinator/Status"
 CONNECT = "/torch_hang_watchdog.v1.Coordinator/Connect"
