@@ -108,6 +108,15 @@ class Recorder:
     def complete(self, slot: int, seq: int) -> None:
         self._completed[slot] = seq
 
+    def waited(self, ends: tuple[tuple[int, int], ...]) -> None:
+        """Async collectives or transfers whose wait() returned: completed, unless their group
+        completed a later one already."""
+        for slot, seq in ends:
+            if self._completed.get(slot, 0) < seq:
+                self._completed[slot] = seq
+            if self._pending == (slot, seq):
+                self._pending = None
+
     def leave_pending(self, slot: int, seq: int) -> None:
         """Treat the collective just entered as pending after all (an async one)."""
         self._pending = (slot, seq)

@@ -8,10 +8,12 @@ raises (see `Recorder`). torch is never imported here: the modules arrive as arg
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -24,8 +26,11 @@ COLLECTIVES = (
     "all_to_all_single", "gather", "scatter", "broadcast_object_list", "monitored_barrier",
 )
 # Point-to-point calls count on a slot of their own per pair of ranks: counted on the group,
-# they would put the members that take no part in them behind by one.
-P2P = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
+# they would put the members that take no part in them behind by one. Name -> its peer's
+# parameters (global rank, rank in the group), and whether it returns before the transfer ends.
+P2P = {"send": ("dst", "group_dst", False), "recv": ("src", "group_src", False),
+       "isend": ("dst", "group_dst", True), "irecv": ("src", "group_src", True)}
+P2P_BATCH_OPS = frozenset({"isend", "irecv"})  # what batch_isend_irecv accepts
 DDP_OP = b"all_reduce"
 SHUTDOWN_GRACE_S = 60.0
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
@@ -42,6 +47,10 @@ class TorchPatches:
         self._rec = recorder
         self._dist: Any = None
         self._slots: dict[object, int] = {}
+        # The async work handles this rank has not waited for yet -> the (slot, seq)s they end.
+        # Weak keys: a handle the program drops is forgotten, never kept alive with its tensors.
+        self._works: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], ...]] = (
+            weakref.WeakKeyDictionary())
 
     def post_import_hooks(self) -> dict[str, Callable[[ModuleType], None]]:
         return {
@@ -96,10 +105,14 @@ class TorchPatches:
         for name in COLLECTIVES:
             if hasattr(c10d, name):
                 self._replace(dist, c10d, name, self._collective(getattr(c10d, name), c10d))
-        for name, (peer, group_peer) in P2P.items():
+        for name, (peer, group_peer, asynchronous) in P2P.items():
             if hasattr(c10d, name):
-                wrapper = self._p2p(getattr(c10d, name), c10d, peer, group_peer)
+                wrapper = self._p2p(getattr(c10d, name), c10d, peer, group_peer, asynchronous)
                 self._replace(dist, c10d, name, wrapper)
+        if hasattr(c10d, "batch_isend_irecv"):
+            self._replace(dist, c10d, "batch_isend_irecv",
+                          self._p2p_batch(c10d.batch_isend_irecv, c10d))
+        self._patch_work_wait(getattr(c10d, "Work", None))
         self._replace(dist, c10d, "init_process_group", self._after(c10d.init_process_group,
                                                                     self._on_init))
         self._replace(dist, c10d, "new_group", self._after(c10d.new_group, self.slot))
@@ -170,6 +183,7 @@ class TorchPatches:
             result = original(*args, **kwargs)
             if args[async_at] if len(args) > async_at else kwargs.get("async_op"):
                 rec.leave_pending(slot, seq)
+                self._track(result, ((slot, seq),))
             else:
                 complete(slot, seq)
             return result
@@ -177,7 +191,10 @@ class TorchPatches:
         return collective
 
     def _p2p(self, original: Callable[..., Any], c10d: ModuleType, peer_name: str,
-             group_peer_name: str) -> Any:
+             group_peer_name: str, asynchronous: bool) -> Any:
+        """A send or receive, on its pair's slot. isend and irecv stay pending until their
+        wait() returns or this rank's next event; an irecv from any source is not recorded, as
+        its sender stays unknown."""
         rec = self._rec
         op = original.__name__.encode()
         params = list(inspect.signature(original).parameters)
@@ -196,7 +213,10 @@ class TorchPatches:
                                   else kwargs.get(group_peer_name))
             seq = rec.enter(slot, op) if slot >= 0 else 0
             result = original(*args, **kwargs)
-            if slot >= 0:
+            if slot >= 0 and asynchronous:
+                rec.leave_pending(slot, seq)
+                self._track(result, ((slot, seq),))
+            elif slot >= 0:
                 rec.complete(slot, seq)
             elif isinstance(result, int) and result >= 0 and rec.enabled:
                 slot = self.pair_slot(group, result, None)  # a recv from any source: now we know
@@ -205,6 +225,83 @@ class TorchPatches:
             return result
 
         return p2p
+
+    def _p2p_batch(self, original: Callable[..., Any], c10d: ModuleType) -> Any:
+        """batch_isend_irecv: each of its sends and receives is entered on its pair's slot (its
+        inner calls come from c10d, so they count nothing) and ends with its wait()."""
+        rec = self._rec
+        c10d_globals, frame = c10d.__dict__, sys._getframe
+
+        @functools.wraps(original)
+        def batch(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+            if not rec.enabled or frame(1).f_globals is c10d_globals:
+                return original(p2p_op_list, *args, **kwargs)
+            entered = self._enter_batch(p2p_op_list)
+            works = original(p2p_op_list, *args, **kwargs)
+            if entered:
+                rec.leave_pending(*entered[-1])
+                self._track_batch(works, entered)
+            return works
+
+        return batch
+
+    def _enter_batch(self, ops: object) -> list[tuple[int, int]]:
+        """Enter each operation of a valid batch; their (slot, seq)s. An invalid batch, which
+        torch itself rejects, counts nothing."""
+        if not isinstance(ops, list | tuple):
+            return []
+        names = [getattr(getattr(op, "op", None), "__name__", None) for op in ops]
+        if not all(name in P2P_BATCH_OPS for name in names):
+            return []
+        entered = []
+        for op, name in zip(ops, names, strict=True):
+            slot = self.pair_slot(getattr(op, "group", None), getattr(op, "peer", None),
+                                  getattr(op, "group_peer", None))
+            if slot >= 0:
+                entered.append((slot, self._rec.enter(slot, str(name).encode())))
+        return entered
+
+    def _track_batch(self, works: object, entered: list[tuple[int, int]]) -> None:
+        """One work per operation, or one for the whole batch where the backend coalesces it."""
+        if not isinstance(works, list):
+            return
+        if len(works) == len(entered):
+            for work, done in zip(works, entered, strict=True):
+                self._track(work, (done,))
+        elif len(works) == 1:
+            self._track(works[0], tuple(entered))
+
+    def _track(self, work: object, ends: tuple[tuple[int, int], ...]) -> None:
+        if work is None:
+            return
+        try:
+            self._works[work] = ends
+        except TypeError:
+            pass  # a handle that takes no weak reference: its wait goes unseen
+        except Exception as e:
+            self._rec.fail(e)
+
+    def _patch_work_wait(self, work_class: Any) -> None:
+        """Work.wait() returning ends the async collectives and transfers its handle stands
+        for: a rank blocked there stays pending, one past it completed them."""
+        if work_class is None:
+            return
+        rec, works, original = self._rec, self._works, work_class.wait
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            if works and rec.enabled:
+                try:
+                    ends = works.pop(work, None)
+                except TypeError:  # a handle that takes no weak reference was never tracked
+                    ends = None
+                if ends is not None:
+                    rec.waited(ends)
+            return result
+
+        with contextlib.suppress(TypeError, AttributeError):  # a class that cannot be patched
+            work_class.wait = wait
 
     def patch_ddp(self, module: ModuleType) -> None:
         """Count each DDP forward that will all-reduce gradients in backward as a collective

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 EXIT_HANG_KILLED = 3
+PIPELINE = str(Path(__file__).parents[1] / "jobs" / "pipeline.py")
 
 
 def assert_collective(run: Any, group: str, op: str, members: list[int]) -> None:
@@ -97,3 +99,16 @@ def test_healthy_job_with_slow_steps_has_no_incident(watch) -> None:
     assert run.returncode == 0, run.output
     assert run.incident is None, run.output
     assert "finished 14 steps" in run.output
+
+
+def test_pipeline_stage_that_never_sends(watch) -> None:
+    """Pipeline parallelism: rank 1 blocks after receiving its input; rank 0 waits to send it
+    the next one, rank 2 to receive from it, rank 3 from rank 2. No collective is involved."""
+    run = watch(script=PIPELINE)
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [1]
+    assert run.incident["waiting_ranks"] == [0, 2, 3]
+    assert_collective(run, "0:p2p:0-1", "isend", [0, 1])
+    assert run.stack_functions(1)[0] == "load_shard"

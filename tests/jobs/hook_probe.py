@@ -79,6 +79,12 @@ def main() -> None:
         dist.send(tensor, dst=1)
     else:
         dist.recv(tensor)  # from any source
+    # async transfers, alone and batched: each counts on the pair's slot and ends at its wait
+    peer = 1 - rank
+    (dist.isend(tensor, dst=peer) if rank == 0 else dist.irecv(tensor, src=peer)).wait()
+    batch = [dist.P2POp(dist.isend, tensor, peer), dist.P2POp(dist.irecv, torch.zeros(1), peer)]
+    for work in dist.batch_isend_irecv(batch if rank == 0 else batch[::-1]):
+        work.wait()
     errors = {
         "hooked": error_of(dist.all_reduce, "not a tensor"),
         "unhooked": error_of(dist.all_reduce.__wrapped__, "not a tensor"),

@@ -87,13 +87,15 @@ def test_probe_ranks_leave_exact_progress(probe: dict[str, Any]) -> None:
         # the barrier
         assert (world.name, world.ranks, world.op) == ("0", (0, 1), "barrier")
         assert (world.entered_seq, world.completed_seq) == (8, 8)
+    # the pair's slot: send, isend, then a batch of isend and irecv (rank 1: the mirror image),
+    # each async one completed by its wait
     assert list(snaps[0].groups[1:]) == [
         BeaconGroup("1", (0,), "all_reduce", 1, snaps[0].groups[1].entered_at, 1),
-        BeaconGroup("0:p2p:0-1", (0, 1), "send", 1, snaps[0].groups[2].entered_at, 1),
+        BeaconGroup("0:p2p:0-1", (0, 1), "irecv", 4, snaps[0].groups[2].entered_at, 4),
     ]
     # rank 1 is not in group "1"; its receive from any source is placed once the sender is known
     assert [(g.name, g.ranks, g.op, g.entered_seq, g.completed_seq)
-            for g in snaps[1].groups[1:]] == [("0:p2p:0-1", (0, 1), "recv", 1, 1)]
+            for g in snaps[1].groups[1:]] == [("0:p2p:0-1", (0, 1), "isend", 4, 4)]
 
 
 def test_only_ranks_write_beacons(probe: dict[str, Any]) -> None:
@@ -279,6 +281,21 @@ def test_a_pending_collective_is_timed_when_first_published(tmp_path: Path) -> N
     time.sleep(0.01)  # so the clock has moved when the next one is stamped
     recorder.enter(slot, b"all_reduce", pending=True)
     assert published(recorder).groups[0].entered_at > first.groups[0].entered_at
+
+
+def test_a_wait_completes_its_collective_unless_a_later_one_completed(tmp_path: Path) -> None:
+    recorder = make_recorder(tmp_path)
+    pair = recorder.writer.group_slot("0:p2p:0-1", (0, 1), 2)
+    first = recorder.enter(pair, b"isend")
+    recorder.leave_pending(pair, first)
+    recorder.waited(((pair, first),))
+    assert published(recorder).groups[0].completed_seq == 1
+    second = recorder.enter(pair, b"irecv")
+    recorder.leave_pending(pair, second)
+    recorder.complete(pair, recorder.enter(pair, b"send"))  # its event completes the irecv
+    recorder.waited(((pair, second),))  # waited for late: the slot keeps #3
+    group = published(recorder).groups[0]
+    assert (group.entered_seq, group.completed_seq, group.op) == (3, 3, "send")
 
 
 def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None:

@@ -25,11 +25,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_command(nproc: int, *train_args: str, launcher: Sequence[str] = ()) -> list[str]:
-    """torchrun on this interpreter (with `launcher` options), running the bundled training
-    script."""
+def torchrun_command(nproc: int, *train_args: str, launcher: Sequence[str] = (),
+                     script: str = TRAIN_SCRIPT) -> list[str]:
+    """torchrun on this interpreter (with `launcher` options), running `script`: by default the
+    bundled training script."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}", *launcher, TRAIN_SCRIPT, *train_args]
+            f"--master_port={free_port()}", *launcher, script, *train_args]
 
 
 def run_demo(db_path: str, color: bool) -> int:
