@@ -112,11 +112,29 @@ def wedge_reason(rank: RankState, stack: RankStack | None) -> str:
     return ""
 
 
-def waits_in_collective(rank: RankState, stack: RankStack | None) -> bool:
-    """Pending in a collective its hook recorded; for a rank reporting no group, its stack."""
-    if rank.groups:
-        return any(progress.pending for progress in rank.groups)
+def waits_in_collective(rank: RankState, stack: RankStack | None,
+                        furthest: Mapping[str, int]) -> bool:
+    """Pending in a collective its hook recorded that no member of its group has gone past
+    (`furthest`: see `furthest_entered`). A member past it means this rank finished it too: DDP's
+    all-reduce, for one, stays pending until the optimizer step, which a rank stuck after its
+    backward never reaches. Then, and for a rank reporting no group, its stack decides."""
+    pending = [progress for progress in rank.groups if progress.pending]
+    if any(furthest.get(p.group, 0) <= p.entered_seq for p in pending):
+        return True
+    if rank.groups and not pending:
+        return False
     return stack is not None and collective_frame(stack.frames) is not None
+
+
+def furthest_entered(ranks: Iterable[RankState]) -> dict[str, int]:
+    """Per group, the furthest collective any live rank entered."""
+    furthest: dict[str, int] = {}
+    for rank in ranks:
+        if rank.alive:
+            for progress in rank.groups:
+                if progress.entered_seq > furthest.get(progress.group, 0):
+                    furthest[progress.group] = progress.entered_seq
+    return furthest
 
 
 def in_open_phase(rank: RankState) -> bool:
@@ -200,13 +218,15 @@ class StallView:
     snapshot: JobSnapshot
     alive: Mapping[int, RankState]
     frontiers: tuple[Frontier, ...]
+    furthest: Mapping[str, int]
 
     @classmethod
     def of(cls, snapshot: JobSnapshot) -> StallView:
         alive = {r.rank: r for r in sorted(snapshot.ranks, key=lambda r: r.rank) if r.alive}
         names = sorted({p.group for r in alive.values() for p in r.groups})
         frontiers = (_frontier(snapshot, alive, name) for name in names)
-        return cls(snapshot, alive, tuple(f for f in frontiers if f is not None))
+        return cls(snapshot, alive, tuple(f for f in frontiers if f is not None),
+                   furthest_entered(alive.values()))
 
     @property
     def stack_only(self) -> bool:
@@ -222,7 +242,8 @@ class StallView:
         return collective_frame(frames) is not None if frames else None
 
     def waiting(self, rank: int) -> bool:
-        return waits_in_collective(self.alive[rank], self.snapshot.stacks.get(rank))
+        return waits_in_collective(self.alive[rank], self.snapshot.stacks.get(rank),
+                                   self.furthest)
 
     def waiters(self, excluding: Iterable[int] = ()) -> tuple[int, ...]:
         skip = set(excluding)

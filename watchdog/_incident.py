@@ -10,6 +10,7 @@ from typing import Any
 from watchdog._evidence import (
     finished_cleanly,
     frame_site,
+    furthest_entered,
     is_library_frame,
     is_stopped,
     python_frames,
@@ -62,10 +63,12 @@ def build_incident(
 
 def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:
     """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
-    return [_rank_row(snapshot, rank) for rank in sorted(snapshot.ranks, key=lambda r: r.rank)]
+    furthest = furthest_entered(snapshot.ranks)
+    return [_rank_row(snapshot, rank, furthest)
+            for rank in sorted(snapshot.ranks, key=lambda r: r.rank)]
 
 
-def _rank_state(snapshot: JobSnapshot, rank: RankState) -> str:
+def _rank_state(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]) -> str:
     stack = snapshot.stacks.get(rank.rank)
     if not rank.alive:
         return FINISHED if finished_cleanly(rank) else EXITED
@@ -73,7 +76,7 @@ def _rank_state(snapshot: JobSnapshot, rank: RankState) -> str:
         return STOPPED
     if wedge_reason(rank, stack):
         return WEDGED
-    if waits_in_collective(rank, stack):
+    if waits_in_collective(rank, stack, furthest):
         return WAITING
     return STALLED if snapshot.stalled else RUNNING
 
@@ -99,14 +102,15 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
     ]
 
 
-def _rank_row(snapshot: JobSnapshot, rank: RankState) -> dict[str, Any]:
+def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]
+              ) -> dict[str, Any]:
     stack = snapshot.stacks.get(rank.rank) or RankStack(rank.rank, rank.pid)
     return {
         "rank": rank.rank,
         "host": rank.host,
         "node": snapshot.rank_nodes.get(rank.rank, rank.host),
         "pid": rank.pid,
-        "state": _rank_state(snapshot, rank),
+        "state": _rank_state(snapshot, rank, furthest),
         "step": rank.steps,
         "last_collective": _last_collective(rank),
         "stack": [{"function": f.function, "file": f.file, "line": f.line}

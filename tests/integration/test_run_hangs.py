@@ -42,6 +42,20 @@ def test_rank0_deadlocked_on_a_lock(watch) -> None:
     assert run.stack_functions(0)[0] == "update_metrics"
 
 
+def test_rank_deadlocked_between_its_backward_and_its_optimizer_step(watch) -> None:
+    """Its all-reduce of the step is done, but nothing in Python saw it finish: the peers that
+    entered the next one show that it did."""
+    run = watch("--fault", "lock_after_backward", "--fault-rank", "2", "--fault-step", "3")
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [2]
+    assert run.incident["waiting_ranks"] == [0, 1, 3]
+    assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+    assert run.rank(2)["state"] == "STALLED"
+    assert run.stack_functions(2)[0] == "update_metrics"
+
+
 def test_native_stacks_show_the_c_frames_under_a_deadlock(watch) -> None:
     run = watch("--fault", "lock", "--fault-rank", "0", "--fault-step", "3",
                 watchdog_args=("--stall-timeout", "3", "--on-hang", "kill", "--native"))

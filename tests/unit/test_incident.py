@@ -118,6 +118,7 @@ def test_rank_states() -> None:
         exited(rank(5, done(57, 3.0)), at=5.0, code=0, clean=True),
         exited(rank(6, done(57, 3.0)), at=5.0, code=0, clean=False),
         rank(7, done(57, 3.0)),
+        rank(8, entered(57, 3.0)),  # rank 3 entered #58: this one is past #57, whatever it shows
     )
     states = [row["state"] for row in rank_rows(job)]
     assert states == [
@@ -128,6 +129,7 @@ def test_rank_states() -> None:
         "EXITED",
         "FINISHED",
         "EXITED",
+        "STALLED",
         "STALLED",
     ]
     healthy = snapshot(rank(0, done(57, 3.0)), stalled=False)

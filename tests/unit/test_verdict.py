@@ -60,6 +60,11 @@ BARRIER = (  # rank 0's stray barrier
     Frame("main", TRAIN, 108),
     Frame("<module>", TRAIN, 130),
 )
+AFTER_BACKWARD = (  # between its backward and its optimizer step, on a lock it already holds
+    Frame("update_metrics", TRAIN, 52),
+    Frame("main", TRAIN, 113),
+    Frame("<module>", TRAIN, 130),
+)
 FORWARD_LOOP = (  # stuck in its own model code after DDP's forward counted the all-reduce
     Frame("forward", "/home/ml/model.py", 12),
     Frame("_call_impl", f"{SITE}/torch/nn/modules/module.py", 1784),
@@ -165,6 +170,25 @@ CASES = {
     "data pipeline: rank 1 never reached #57": (
         data_pipeline(),
         (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(57)),
+    ),
+    "rank 1 stuck after its backward: its all-reduce #57 done, still pending in its beacon": (
+        snapshot(
+            rank(0, entered(58, 3.1)),
+            rank(1, entered(57, 2.6)),
+            rank(2, entered(58, 3.2)),
+            rank(3, entered(58, 3.4)),
+            stacks={0: DDP_BACKWARD, 1: AFTER_BACKWARD, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
+        ),
+        (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(58)),
+    ),
+    "the same with no stacks: the peers' #58 says rank 1 is past #57": (
+        snapshot(
+            rank(0, entered(58, 3.1)),
+            rank(1, entered(57, 2.6)),
+            rank(2, entered(58, 3.2)),
+            rank(3, entered(58, 3.4)),
+        ),
+        (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(58)),
     ),
     "rank 0 can be the culprit": (
         snapshot(

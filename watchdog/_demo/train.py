@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
-          "nccl_peer_closed")
+          "nccl_peer_closed", "lock_after_backward")
 
 
 class Progress:
@@ -146,6 +146,9 @@ def main(argv: list[str]) -> int:
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
+            if args.fault == "lock_after_backward" and step == args.fault_step and (
+                    rank == args.fault_rank):
+                update_metrics()  # DDP's all-reduce is done; the optimizer step never comes
             optimizer.step()
             time.sleep(0.05)
             step += 1
