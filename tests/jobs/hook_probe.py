@@ -47,6 +47,15 @@ def own_phase() -> str:
     return phase_of(os.getpid())
 
 
+def own_pair_progress() -> list[int]:
+    """This rank's (entered, completed) seqs with its peer, as the agent would read them now."""
+    assert watchdog._hook._recorder is not None
+    watchdog._hook._recorder.publish()
+    path = beacon_path(beacon_dir(), job_id(), int(os.environ["RANK"]), os.getpid())
+    (pair,) = [g for g in read_beacon(open_beacon(path)).groups if ":p2p:" in g.name]
+    return [pair.entered_seq, pair.completed_seq]
+
+
 def error_of(call: Any, *args: Any) -> list[str]:
     try:
         call(*args)
@@ -82,6 +91,7 @@ def main() -> None:
     # async transfers, alone and batched: each counts on the pair's slot and ends at its wait
     peer = 1 - rank
     (dist.isend(tensor, dst=peer) if rank == 0 else dist.irecv(tensor, src=peer)).wait()
+    after_wait = own_pair_progress()  # the wait itself, with no event since, completed it
     batch = [dist.P2POp(dist.isend, tensor, peer), dist.P2POp(dist.irecv, torch.zeros(1), peer)]
     for work in dist.batch_isend_irecv(batch if rank == 0 else batch[::-1]):
         work.wait()
@@ -100,7 +110,7 @@ def main() -> None:
                            capture_output=True, text=True, check=True)
     with open(os.path.join(os.environ["PROBE_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump({"phases": [outer, inner, restored, own_phase()], "errors": errors,
-                   "child_install": child.stdout.strip(),
+                   "child_install": child.stdout.strip(), "p2p_after_wait": after_wait,
                    "worker_writes": worker_writes}, f)
     dist.destroy_process_group()
 

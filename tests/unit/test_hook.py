@@ -96,6 +96,8 @@ def test_probe_ranks_leave_exact_progress(probe: dict[str, Any]) -> None:
     # rank 1 is not in group "1"; its receive from any source is placed once the sender is known
     assert [(g.name, g.ranks, g.op, g.entered_seq, g.completed_seq)
             for g in snaps[1].groups[1:]] == [("0:p2p:0-1", (0, 1), "isend", 4, 4)]
+    for rank in (0, 1):  # an isend or irecv completes when its wait() returns
+        assert probe["ranks"][rank]["p2p_after_wait"] == [2, 2]
 
 
 def test_only_ranks_write_beacons(probe: dict[str, Any]) -> None:
