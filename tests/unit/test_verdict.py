@@ -162,6 +162,18 @@ def data_pipeline(
     )
 
 
+def stuck_after_backward(stacks: Mapping[int, tuple[Frame, ...]] | None = None) -> JobSnapshot:
+    """Rank 1 finished DDP's all-reduce #57, which Python never sees end, and then blocked
+    before its optimizer step; 0, 2 and 3 went on to wait in #58."""
+    return snapshot(
+        rank(0, entered(58, 3.1)),
+        rank(1, entered(57, 2.6)),
+        rank(2, entered(58, 3.2)),
+        rank(3, entered(58, 3.4)),
+        stacks=stacks,
+    )
+
+
 def world_ref(seq: int, op: str = "all_reduce") -> CollectiveRef:
     return CollectiveRef("0", WORLD, seq, op)
 
@@ -172,22 +184,12 @@ CASES = {
         (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(57)),
     ),
     "rank 1 stuck after its backward: its all-reduce #57 done, still pending in its beacon": (
-        snapshot(
-            rank(0, entered(58, 3.1)),
-            rank(1, entered(57, 2.6)),
-            rank(2, entered(58, 3.2)),
-            rank(3, entered(58, 3.4)),
-            stacks={0: DDP_BACKWARD, 1: AFTER_BACKWARD, 2: DDP_BACKWARD, 3: DDP_BACKWARD},
-        ),
+        stuck_after_backward({0: DDP_BACKWARD, 1: AFTER_BACKWARD, 2: DDP_BACKWARD,
+                              3: DDP_BACKWARD}),
         (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(58)),
     ),
     "the same with no stacks: the peers' #58 says rank 1 is past #57": (
-        snapshot(
-            rank(0, entered(58, 3.1)),
-            rank(1, entered(57, 2.6)),
-            rank(2, entered(58, 3.2)),
-            rank(3, entered(58, 3.4)),
-        ),
+        stuck_after_backward(),
         (Kind.MISSING_RANKS, (1,), (0, 2, 3), world_ref(58)),
     ),
     "rank 0 can be the culprit": (
