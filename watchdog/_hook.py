@@ -30,7 +30,7 @@ PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
-class Exit(Protocol):  # sys.exit
+class SysExit(Protocol):
     def __call__(self, status: str | int | None = None, /) -> NoReturn: ...
 
 
@@ -96,7 +96,7 @@ def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
     return excepthook
 
 
-def _noting_exit(recorder: Recorder, original: Exit) -> Exit:
+def _noting_exit(recorder: Recorder, original: SysExit) -> SysExit:
     """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3.
     A call from another thread only ends that thread; `raise SystemExit(3)` goes unnoticed."""
     @functools.wraps(original)
