@@ -182,8 +182,7 @@ class TorchPatches:
             seq = enter(slot, op)
             result = original(*args, **kwargs)
             if args[async_at] if len(args) > async_at else kwargs.get("async_op"):
-                rec.leave_pending(slot, seq)
-                self._track(result, ((slot, seq),))
+                self._pending_until_waited(result, slot, seq)
             else:
                 complete(slot, seq)
             return result
@@ -214,8 +213,7 @@ class TorchPatches:
             seq = rec.enter(slot, op) if slot >= 0 else 0
             result = original(*args, **kwargs)
             if slot >= 0 and asynchronous:
-                rec.leave_pending(slot, seq)
-                self._track(result, ((slot, seq),))
+                self._pending_until_waited(result, slot, seq)
             elif slot >= 0:
                 rec.complete(slot, seq)
             elif isinstance(result, int) and result >= 0 and rec.enabled:
@@ -270,6 +268,11 @@ class TorchPatches:
                 self._track(work, (done,))
         elif len(works) == 1:
             self._track(works[0], tuple(entered))
+
+    def _pending_until_waited(self, work: object, slot: int, seq: int) -> None:
+        """An async collective or transfer just entered: pending until `work` is waited for."""
+        self._rec.leave_pending(slot, seq)
+        self._track(work, ((slot, seq),))
 
     def _track(self, work: object, ends: tuple[tuple[int, int], ...]) -> None:
         if work is None:
