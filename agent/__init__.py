@@ -1,2 +1,11 @@
-"""The per-node agent (its own process, or embedded in `watchdog run`): finds torchrun workers,
-reads their beacons, takes py-spy stacks on request and streams node reports to a coordinator."""
+"""The per-node agent (its own process, or embedded in `watchdog run`): finds training ranks by
+their beacons and in /proc, reads their progress, takes py-spy stacks and log tails on request,
+and streams node reports to a coordinator.
+
+From `watchdog` it uses only the modules shared by design: `beacon`, `env`, `errors`, `model`,
+`explain` (to pick relevant log lines) and `transport`.
+"""
+
+from agent.daemon import Agent
+
+__all__ = ["Agent"]

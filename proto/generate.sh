@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates watchdog/_proto from proto/watchdog.proto. Never edit the output by hand.
-# Usage: proto/generate.sh [OUTDIR]   (default: watchdog/_proto; CI passes a temp dir and diffs)
+# Regenerates watchdog/transport/proto from proto/watchdog.proto. Never edit the output by hand.
+# Usage: proto/generate.sh [OUTDIR]   (default: watchdog/transport/proto; CI passes a temp dir and diffs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-watchdog/_proto}
+out=${1:-watchdog/transport/proto}
 mkdir -p "$out"
 python -m grpc_tools.protoc -I proto --python_out="$out" --mypy_out="$out" \
   --grpc_python_out="$out" --mypy_grpc_out="$out" proto/watchdog.proto

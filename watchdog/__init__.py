@@ -4,8 +4,8 @@ Training code needs only `install`, `step` and `phase`. Importing the package st
 never imports torch or gRPC: training ranks, the CLI and the daemons all import it.
 """
 
-from watchdog._errors import WatchdogError
-from watchdog._hook import install, phase, step
+from watchdog.errors import WatchdogError
+from watchdog.hook import install, phase, step
 
 __version__ = "0.1.0"
 __all__ = ["WatchdogError", "__version__", "install", "phase", "step"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from watchdog._cli import main
+from watchdog.cli import main
 
 sys.exit(main())

@@ -24,10 +24,11 @@ from typing import Any
 
 import grpc
 
-from watchdog import _wire
-from watchdog._coordinator import Coordinator
-from watchdog._jobs import JobView
-from watchdog._model import (
+from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.store import IncidentStore, incident_json
+from watchdog.model import (
     WORLD_GROUP,
     Frame,
     GroupProgress,
@@ -36,11 +37,10 @@ from watchdog._model import (
     RankState,
     StackReply,
 )
-from watchdog._proto import watchdog_pb2 as pb
-from watchdog._proto import watchdog_pb2_grpc as pb_grpc
-from watchdog._rpc import CHANNEL_OPTIONS, start_server
-from watchdog._stall import StallPolicy
-from watchdog._store import IncidentStore, incident_json
+from watchdog.transport import wire as _wire
+from watchdog.transport.proto import watchdog_pb2 as pb
+from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
+from watchdog.transport.rpc import CHANNEL_OPTIONS, start_server
 
 RANKS_PER_NODE = 8
 REPORT_INTERVAL_S = 1.0
@@ -269,14 +269,14 @@ class CountingCoordinator(Coordinator):
         self.incidents: list[dict[str, Any]] = []
         self.listeners.append(self._record)
 
-    def ingest(self, report: NodeReport) -> None:
+    def ingest(self, report: NodeReport, now: float) -> None:
         self.reports += 1
         self.rank_states += len(report.ranks)
-        super().ingest(report)
+        super().ingest(report, now)
 
-    def evaluate_all(self) -> list[asyncio.Task[None]]:
+    def evaluate_all(self, now: float) -> list[asyncio.Task[None]]:
         start = time.perf_counter()
-        tasks = super().evaluate_all()
+        tasks = super().evaluate_all(now)
         if tasks:
             self.detections.append((time.time(), time.perf_counter() - start))
         return tasks

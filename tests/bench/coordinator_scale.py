@@ -56,14 +56,14 @@ from _loadgen import (  # noqa: E402
     serve_coordinator,
 )
 
-from watchdog import _wire  # noqa: E402
-from watchdog._coordinator import Coordinator  # noqa: E402
-from watchdog._incident import build_incident  # noqa: E402
-from watchdog._model import Kind, NodeReport  # noqa: E402
-from watchdog._proto import watchdog_pb2 as pb  # noqa: E402
-from watchdog._stall import StallPolicy  # noqa: E402
-from watchdog._store import IncidentStore, incident_json  # noqa: E402
-from watchdog._verdict import decide  # noqa: E402
+from watchdog.coordinator.incident import build_incident  # noqa: E402
+from watchdog.coordinator.service import Coordinator  # noqa: E402
+from watchdog.coordinator.stall import StallPolicy  # noqa: E402
+from watchdog.coordinator.store import IncidentStore, incident_json  # noqa: E402
+from watchdog.coordinator.verdict import decide  # noqa: E402
+from watchdog.model import Kind, NodeReport  # noqa: E402
+from watchdog.transport import wire as _wire  # noqa: E402
+from watchdog.transport.proto import watchdog_pb2 as pb  # noqa: E402
 
 STALL_TIMEOUT_S = 5.0
 SETTLE_S = 2.0  # after every rank is known, before measuring
@@ -265,13 +265,13 @@ def _time_ingest(conn: Connection, coordinator: Coordinator, sim: SimJob) -> Non
     conn.send(("decode", *_decode_cost(reports, sim.compact)))
     start = time.process_time()
     for report in reports:
-        coordinator.ingest(report)
+        coordinator.ingest(report, now)
     conn.send(("ingest", (time.process_time() - start) / sim.world_size))
     ticks = []
     for _ in range(5):  # each right after fresh reports: silent nodes skip the evaluation
         for report in reports:
-            coordinator.ingest(report)
-        ticks.append(_seconds(coordinator.evaluate_all))
+            coordinator.ingest(report, now)
+        ticks.append(_seconds(lambda: coordinator.evaluate_all(now)))
     conn.send(("tick", min(ticks), coordinator.tick))
 
 
@@ -280,7 +280,7 @@ def _time_diagnosis(conn: Connection, coordinator: Coordinator, sim: SimJob,
     now = time.time()
     sim.hung_at = now - STALL_TIMEOUT_S - 3
     for node in range(sim.nodes):
-        coordinator.ingest(sim.report(node, now))
+        coordinator.ingest(sim.report(node, now), now)
     job = coordinator.jobs[sim.job_id]
     job.observe(now - STALL_TIMEOUT_S - 2)  # the last change seen: stalled at `now`
     conn.send(("detect", _seconds(lambda: decide(job.snapshot(now)))))

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from watchdog._explain import explain_main
+from watchdog.explain.scan import explain_main
 
 BLOCK_LINES = 10_000
 

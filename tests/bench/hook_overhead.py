@@ -28,11 +28,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from watchdog._beacon import BeaconWriter, Identity  # noqa: E402
-from watchdog._demo.run_demo import free_port  # noqa: E402
-from watchdog._hook import PUBLISH_INTERVAL  # noqa: E402
-from watchdog._hook_recorder import Recorder  # noqa: E402
-from watchdog._hook_torch import TorchPatches  # noqa: E402
+from watchdog.beacon import BeaconWriter, Identity  # noqa: E402
+from watchdog.cli.demo import free_port  # noqa: E402
+from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
+from watchdog.hook.recorder import Recorder  # noqa: E402
+from watchdog.hook.torch_patches import TorchPatches  # noqa: E402
 
 EVENTS = 1_000_000
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -113,7 +113,7 @@ def ddp_worker(out: str, width: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from watchdog import _hook
+    from watchdog.hook import lifecycle as _hook
 
     recorder = _hook._recorder
     assert recorder is not None and recorder.enabled, "run under the hook (see main)"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from _harness import WATCHDOG, job_env, stop_process
 
-from watchdog._demo.run_demo import free_port, torchrun_command
+from watchdog.cli.demo import free_port, torchrun_command
 
 DIAGNOSIS_DEADLINE_S = 120
 JOB_ID = "daemons-test-job"

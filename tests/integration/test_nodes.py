@@ -14,7 +14,7 @@ import pytest
 from _harness import job_env, stop_process
 from test_daemons import WATCHDOG, status
 
-from watchdog._demo.run_demo import TRAIN_SCRIPT, free_port
+from watchdog.cli.demo import TRAIN_SCRIPT, free_port
 
 DEADLINE_S = 150
 

@@ -31,17 +31,17 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from watchdog._auth import REFUSED, ClientSecurity, client_security, server_security
-from watchdog._coordinator import Coordinator
-from watchdog._demo.run_demo import free_port
-from watchdog._errors import AuthError, CoordinatorUnreachableError, UsageError
-from watchdog._model import NodeReport, RankState
-from watchdog._proto import watchdog_pb2 as pb
-from watchdog._proto import watchdog_pb2_grpc as pb_grpc
-from watchdog._rpc import CoordinatorClient, start_server
-from watchdog._stall import StallPolicy
-from watchdog._store import IncidentStore
-from watchdog._wire import MAX_MESSAGE_BYTES
+from watchdog.cli.demo import free_port
+from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.store import IncidentStore
+from watchdog.errors import AuthError, CoordinatorUnreachableError, UsageError
+from watchdog.model import NodeReport, RankState
+from watchdog.transport.auth import REFUSED, ClientSecurity, client_security, server_security
+from watchdog.transport.proto import watchdog_pb2 as pb
+from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
+from watchdog.transport.rpc import CoordinatorClient, start_server
+from watchdog.transport.wire import MAX_MESSAGE_BYTES
 
 TOKEN = "3f1c9e0b7a5d4c2e8f6a1b0c9d8e7f6a"
 STATUS = "/torch_hang_watchdog.v1.Coordinator/Status"
@@ -288,7 +288,7 @@ def test_a_listener_beyond_loopback_without_token_is_warned_about(
         await server.stop(None)
         store.close()
 
-    with caplog.at_level(logging.WARNING, logger="watchdog._rpc"):
+    with caplog.at_level(logging.WARNING, logger="watchdog.transport.rpc"):
         asyncio.run(listen("127.0.0.1:0"))
         assert "without a token" not in caplog.text
         asyncio.run(listen("0.0.0.0:0"))

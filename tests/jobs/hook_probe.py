@@ -18,8 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import watchdog
-from watchdog._beacon import beacon_path, open_beacon, read_beacon
-from watchdog._env import beacon_dir, job_id
+from watchdog.beacon import beacon_path, open_beacon, read_beacon
+from watchdog.env import beacon_dir, job_id
 
 STEPS = 3
 
@@ -49,8 +49,8 @@ def own_phase() -> str:
 
 def own_pair_progress() -> list[int]:
     """This rank's (entered, completed) seqs with its peer, as the agent would read them now."""
-    assert watchdog._hook._recorder is not None
-    watchdog._hook._recorder.publish()
+    assert watchdog.hook.lifecycle._recorder is not None
+    watchdog.hook.lifecycle._recorder.publish()
     path = beacon_path(beacon_dir(), job_id(), int(os.environ["RANK"]), os.getpid())
     (pair,) = [g for g in read_beacon(open_beacon(path)).groups if ":p2p:" in g.name]
     return [pair.entered_seq, pair.completed_seq]

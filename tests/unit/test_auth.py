@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog._auth import (
+from watchdog.errors import UsageError
+from watchdog.transport.auth import (
     TOKEN_ENV,
     TOKEN_HEADER,
     ClientSecurity,
@@ -16,7 +17,6 @@ from watchdog._auth import (
     load_token,
     server_security,
 )
-from watchdog._errors import UsageError
 
 
 def _token_file(tmp_path: Path, text: str, mode: int = 0o600) -> str:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog._beacon import (
+from watchdog.beacon import (
     ALL_WORLD,
     EXIT_EXCEPTION,
     GROUP_SLOT_SIZE,
@@ -33,7 +33,7 @@ from watchdog._beacon import (
     open_beacon,
     read_beacon,
 )
-from watchdog._errors import BeaconError
+from watchdog.errors import BeaconError
 
 IDENTITY = Identity("job-7@node-a:29500", 3, 1, 4, "node-b", 4242, 1764680000.5)
 

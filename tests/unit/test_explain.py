@@ -13,19 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from watchdog._explain import (
-    BATCH_LINES,
-    MAX_LINE_CHARS,
+from watchdog.explain import (
+    CulpritLedger,
     Finding,
+    FirstFailure,
     InferredFinding,
     SummaryFinding,
     classify_line,
-    early_exit_culprit,
     explain_lines,
     explain_main,
-    first_failure,
 )
-from watchdog._explain_advice import (
+from watchdog.explain.advice import (
     ADVICE,
     COLLECTIVE_TIMEOUT,
     CONNECT_FAILED,
@@ -41,7 +39,8 @@ from watchdog._explain_advice import (
     SHM,
     WATCHDOG_STUCK,
 )
-from watchdog._explain_rules import NEEDLES, RULES, ranks_named, split_prefix
+from watchdog.explain.rules import NEEDLES, RULES, ranks_named, split_prefix
+from watchdog.explain.scan import BATCH_LINES, MAX_LINE_CHARS
 
 # Real lines copied from shared/fixtures/logs (see SOURCES.md there).
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "logs"
@@ -91,6 +90,23 @@ def test_every_fixture_line(name: str) -> None:
     lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
     alone = {n: classify_line(n, line) for n, line in enumerate(lines, 1)}
     assert {n: (f.category, f.ranks) for n, f in alone.items() if f} == FIXTURE_FINDINGS[name]
+
+
+def first_failure(findings: list[Finding]) -> Finding | None:
+    """What `watchdog explain` names as the first failure of these findings."""
+    chooser = FirstFailure()
+    for finding in findings:
+        chooser.note(finding)
+    chosen = chooser.result()
+    return chosen[0] if chosen else None
+
+
+def early_exit_culprit(findings: list[Finding]) -> InferredFinding | None:
+    """The early-exit inference recomputed from findings already made."""
+    ledger = CulpritLedger()
+    for finding in findings:
+        ledger.note(finding)
+    return ledger.culprit()
 
 
 def test_torchrun_summary_puts_its_root_cause_first() -> None:

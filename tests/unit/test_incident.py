@@ -1,4 +1,4 @@
-"""Incident JSON (DESIGN.md's contract), stack grouping, and the text `watchdog` prints."""
+"""Incident JSON (docs/design.md's contract), stack grouping, and the text `watchdog` prints."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from test_verdict import (
     utc,  # noqa: F401 - the autouse fixture that pins local time to UTC applies here too
 )
 
-from watchdog._incident import build_incident, rank_rows, stack_groups
-from watchdog._model import Frame, RankStack, Verdict
-from watchdog._render import render_incident, render_incident_list, render_status, use_color
-from watchdog._verdict import decide
+from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
+from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
+from watchdog.coordinator.verdict import decide
+from watchdog.model import Frame, RankStack, Verdict
 
 STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
 NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"

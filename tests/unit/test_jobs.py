@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_verdict import T0, done, rank
 
-from watchdog._jobs import WARM_EVENTS, JobView
-from watchdog._model import RankState
-from watchdog._stall import StallPolicy
+from watchdog.coordinator.jobs import WARM_EVENTS, JobView
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.model import RankState
 
 POLICY = StallPolicy(warmup=60.0)
 

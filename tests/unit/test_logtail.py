@@ -4,15 +4,11 @@ binary garbage, NCCL_DEBUG_FILE's %h/%p expansion, and the files a process's out
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from agent._logtail import LogTailer, expand_nccl_debug_file, read_tail, relevant_lines
-from agent._procfs import output_files
+from agent.logtail import expand_nccl_debug_file, read_tail, relevant_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -44,17 +40,12 @@ def test_partial_first_line_is_dropped_but_a_whole_one_kept(tmp_path: Path) -> N
 
 def test_vanished_file_gives_no_lines(tmp_path: Path) -> None:
     assert read_tail(str(tmp_path / "gone.log")) == []
-    tailer = LogTailer(str(tmp_path / "later.log"))
-    assert tailer.read_new() == []
-    (tmp_path / "later.log").write_text("first\n")
-    assert tailer.read_new() == ["first"]
 
 
 def test_pipes_and_directories_give_no_lines_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "nccl.fifo"
     os.mkfifo(fifo)
     assert read_tail(str(fifo)) == []
-    assert LogTailer(str(fifo)).read_new() == []
     assert read_tail(str(tmp_path)) == []
 
 
@@ -63,56 +54,6 @@ def test_binary_garbage_comes_back_printable(tmp_path: Path) -> None:
     log.write_bytes(b"\x00" * 4096 + b"ok \x1b[31mred\x1b[0m \xff\xfe end\n"
                     + b"10%\r50%\r100% done\r\n" + b"\x00\x00\n" + b"bell\x07 tab\tx\n")
     assert read_tail(str(log)) == ["ok red \ufffd\ufffd end", "100% done", "bell? tab\tx"]
-
-
-def test_tailer_returns_only_new_complete_lines(tmp_path: Path) -> None:
-    log = tmp_path / "rank0.log"
-    log.write_text("one\ntwo\n")
-    tailer = LogTailer(str(log))
-    assert tailer.read_new() == ["one", "two"]
-    assert tailer.read_new() == []
-    append(log, "three\nfou")
-    assert tailer.read_new() == ["three"]
-    append(log, "r\n")
-    assert tailer.read_new() == ["four"]
-
-
-def test_tailer_restarts_after_rotation(tmp_path: Path) -> None:
-    log = tmp_path / "rank1.log"
-    log.write_text("old 1\nold 2\n")
-    tailer = LogTailer(str(log))
-    tailer.read_new()
-    log.rename(tmp_path / "rank1.log.1")
-    log.write_text("new 1\nnew 2\nnew 3\n")  # longer than the old file: size alone can't tell
-    assert tailer.read_new() == ["new 1", "new 2", "new 3"]
-
-
-def test_tailer_restarts_after_truncation(tmp_path: Path) -> None:
-    log = tmp_path / "rank2.log"
-    log.write_text("".join(f"before {n}\n" for n in range(50)))
-    tailer = LogTailer(str(log))
-    tailer.read_new()
-    os.truncate(log, 0)  # copytruncate: same inode, smaller
-    append(log, "after 1\n")
-    assert tailer.read_new() == ["after 1"]
-
-
-def test_tailer_reads_only_the_newest_bytes_of_a_burst(tmp_path: Path) -> None:
-    log = tmp_path / "rank3.log"
-    log.write_text("start\n")
-    tailer = LogTailer(str(log), max_bytes=64)
-    tailer.read_new()
-    append(log, "".join(f"burst line {n:03d}\n" for n in range(100)))
-    assert tailer.read_new() == [f"burst line {n:03d}" for n in range(96, 100)]
-
-
-def test_tailer_skips_a_line_longer_than_max_bytes(tmp_path: Path) -> None:
-    log = tmp_path / "rank4.log"
-    log.write_text("x" * 500)
-    tailer = LogTailer(str(log), max_bytes=64)
-    assert tailer.read_new() == []
-    append(log, "x" * 100 + "\nnext\n")
-    assert tailer.read_new() == ["next"]
 
 
 @pytest.mark.parametrize(("pattern", "host", "pid", "expected"), [
@@ -142,25 +83,3 @@ def test_relevant_lines_keep_errors_that_explain_recognises() -> None:
     # them are context, the closing "ncclInternalError" line after the last one is not.
     assert relevant_lines(lines) == lines[7:13]
 
-
-def test_output_files_are_read_through_the_process(tmp_path: Path) -> None:
-    log = tmp_path / "stdout.log"
-    script = "import sys, time; print('to the file', flush=True); time.sleep(30)"
-    with log.open("w") as out:
-        to_file = subprocess.Popen([sys.executable, "-c", script], stdout=out,
-                                   stderr=subprocess.STDOUT)
-    to_pipe = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL)
-    try:
-        while log.stat().st_size == 0:
-            assert to_file.poll() is None
-            time.sleep(0.01)
-        (path,) = output_files(to_file.pid)  # stdout and stderr: one file, read once
-        log.rename(tmp_path / "renamed.log")  # the fd link still opens it
-        assert read_tail(path) == ["to the file"]
-        assert output_files(to_pipe.pid) == []
-        assert output_files(2**22 + 12345) == []  # no such process
-    finally:
-        for proc in (to_file, to_pipe):
-            proc.kill()
-            proc.wait()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent._stacks import main_thread_frames
-from watchdog._evidence import collective_frame, python_frames, stuck_frame
-from watchdog._incident import stack_groups
-from watchdog._model import Frame, RankStack
+from agent.stacks import main_thread_frames
+from watchdog.coordinator.evidence import collective_frame, python_frames, stuck_frame
+from watchdog.coordinator.incident import stack_groups
+from watchdog.model import Frame, RankStack
 
 STACKS = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog._stall import ProgressTracker, StallPolicy
+from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 
 
 def play(tracker: ProgressTracker, gaps: list[float], start: float = 1000.0) -> float:

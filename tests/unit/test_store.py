@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from watchdog._store import IncidentStore, incident_json
+from watchdog.coordinator.store import IncidentStore, incident_json
 
 DAY = 86400.0
 

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog import _evidence
-from watchdog._beacon import MAX_LISTED_RANKS
-from watchdog._model import (
+from watchdog.beacon import MAX_LISTED_RANKS
+from watchdog.coordinator import evidence as _evidence
+from watchdog.coordinator.verdict import decide
+from watchdog.model import (
     CollectiveRef,
     Frame,
     GroupProgress,
@@ -28,7 +29,6 @@ from watchdog._model import (
     RankStack,
     RankState,
 )
-from watchdog._verdict import decide
 
 T0 = 1764676800.0  # 2025-12-02 12:00:00 UTC
 JOB = "torchrun-4f2a"
@@ -73,14 +73,14 @@ FORWARD_LOOP = (  # stuck in its own model code after DDP's forward counted the 
 )
 
 # Recorded by a `watchdog run` smoke test while the job started on a busy machine.
-PACKAGE = Path(_evidence.__file__).parent
+PACKAGE = Path(_evidence.__file__).parents[1]
 IMPORTING_TORCH = (
     Frame("_create_fn", "/root/.pyenv/versions/3.11.7/lib/python3.11/dataclasses.py", 433),
     Frame("<module>", f"{SITE}/torch/compiler/_cache.py", 22),
     Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
     Frame("<module>", f"{SITE}/torch/__init__.py", 2895),
     Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
-    Frame("<module>", str(PACKAGE / "_demo" / "train.py"), 14),
+    Frame("<module>", str(PACKAGE / "demo" / "train.py"), 14),
 )
 IN_RENDEZVOUS = (
     Frame("_new_process_group_helper", f"{SITE}/torch/distributed/distributed_c10d.py", 2169),
@@ -88,8 +88,8 @@ IN_RENDEZVOUS = (
     Frame("_time_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 97),
     Frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
     Frame("TorchPatches._after.<locals>.wrapper", str(PACKAGE / "_hook_torch.py"), 119),
-    Frame("main", str(PACKAGE / "_demo" / "train.py"), 94),
-    Frame("<module>", str(PACKAGE / "_demo" / "train.py"), 128),
+    Frame("main", str(PACKAGE / "demo" / "train.py"), 94),
+    Frame("<module>", str(PACKAGE / "demo" / "train.py"), 128),
 )
 
 

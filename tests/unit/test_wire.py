@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from watchdog import _wire
-from watchdog._errors import MessageRejectedError
-from watchdog._model import Frame, GroupProgress, NodeReport, RankStack, RankState, StackReply
-from watchdog._proto import watchdog_pb2 as pb
+from watchdog.errors import MessageRejectedError
+from watchdog.model import Frame, GroupProgress, NodeReport, RankStack, RankState, StackReply
+from watchdog.transport import wire as _wire
+from watchdog.transport.proto import watchdog_pb2 as pb
 
 RANK = RankState(
     job_id="train-20261202-141736-9a601b", rank=1, local_rank=1, world_size=4, host="node-a",

@@ -1,0 +1,184 @@
+"""The agent's main loop (asyncio, one per node): scan beacons, stream reports, serve stacks.
+
+The scan runs whether or not a coordinator is reachable, so exits are timed where they happen;
+the stream reconnects with backoff and resends full state each interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from agent import procfs
+from agent.logtail import read_tail, relevant_lines
+from agent.stacks import dump_stacks
+from agent.workers import Worker, WorkerTable, rank_state
+from watchdog.env import DEFAULT_ADDRESS, DEFAULT_PORT
+from watchdog.errors import WatchdogError
+from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
+from watchdog.transport import AgentMessage, ClientSecurity, CoordinatorClient
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 64
+MAX_BACKOFF_S = 10.0
+
+
+class Agent:
+    def __init__(self, coordinator: str | None, beacon_dir: str, node: str,
+                 interval: float = 1.0, scan_unhooked: bool = True,
+                 security: ClientSecurity | None = None, native: bool = False) -> None:
+        self.configured_coordinator = coordinator
+        self.coordinator = coordinator or DEFAULT_ADDRESS
+        self.security = security
+        self.node = node
+        self.interval = interval
+        self.native = native  # ask py-spy for native frames too
+        self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
+        self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
+
+    def scan(self) -> NodeReport:
+        """Refresh the worker table and return the node report for it."""
+        now = time.time()
+        self.table.refresh(now)
+        return NodeReport(self.node, now, tuple(rank_state(w, now) for w in self.table.workers()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scan and report until `stop` is set; no error ends this loop."""
+        scanner = asyncio.create_task(self._scan_loop(stop))
+        backoff = 0.5
+        try:
+            while not stop.is_set():
+                try:
+                    if await _until(stop, self._session(stop)):
+                        backoff = 0.5
+                except (grpc.aio.AioRpcError, WatchdogError, OSError) as e:
+                    log.warning("coordinator %s: %s; retrying in %.1fs", self.coordinator,
+                                _describe(e), backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        finally:
+            scanner.cancel()
+
+    async def _scan_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self._offer(self.scan())
+            except Exception:  # a loop that must not die: log and go on
+                log.exception("scan failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+
+    def _offer(self, message: AgentMessage) -> None:
+        """Queue without blocking; a full queue sheds its oldest entry (reports are full state)."""
+        if self._outbox.full():
+            self._outbox.get_nowait()
+        self._outbox.put_nowait(message)
+
+    def _choose_coordinator(self) -> None:
+        """Without --coordinator: the default port on the MASTER_ADDR of a job seen here."""
+        if self.configured_coordinator:
+            return
+        if self.security is not None and self.security.token and not self.security.credentials:
+            # Any user's job sets MASTER_ADDR: never send the token in plaintext to its choice.
+            log.warning("a token without TLS needs --coordinator; using %s", self.coordinator)
+            return
+        masters = sorted({w.master_addr for w in self.table.workers() if w.master_addr})
+        chosen = f"{masters[0]}:{DEFAULT_PORT}" if masters else DEFAULT_ADDRESS
+        if chosen != self.coordinator:
+            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)", chosen)
+            self.coordinator = chosen
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        self._choose_coordinator()
+        client = CoordinatorClient(self.coordinator, self.security)
+        served: set[asyncio.Task[None]] = set()
+        try:
+            async for request in client.connect(self._outgoing(stop)):
+                task = asyncio.create_task(self._serve(request))
+                served.add(task)
+                task.add_done_callback(served.discard)
+        finally:
+            for task in served:
+                task.cancel()
+            await client.close()
+
+    async def _outgoing(self, stop: asyncio.Event) -> AsyncIterator[AgentMessage]:
+        while not stop.is_set():
+            yield await self._outbox.get()
+
+    async def _serve(self, request: StackRequest) -> None:
+        try:
+            stacks = await self.collect_stacks(request.job_id, request.ranks)
+            self._offer(StackReply(request.request_id, self.node, tuple(stacks)))
+        except Exception:
+            log.exception("stack request %d failed", request.request_id)
+
+    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...]) -> list[RankStack]:
+        """Stacks of the local ranks asked for; only verified, live workers are attached to."""
+        targets: list[Worker] = []
+        refused: list[RankStack] = []
+        for rank in ranks:
+            worker = self.table.find(job_id, rank)
+            if worker is None:
+                continue
+            if worker.verified and worker.alive:
+                targets.append(worker)
+            else:
+                reason = "it has exited" if not worker.alive else "it is not a verified worker"
+                refused.append(RankStack(rank, worker.identity.pid,
+                                         error=f"not attaching: {reason}"))
+        stacks = await dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
+                                           self.native)
+        with_logs = [replace(stack, nccl_log=_nccl_log(worker), worker_log=_worker_log(worker))
+                     for stack, worker in zip(stacks, targets, strict=True)]
+        return [*with_logs, *refused]
+
+
+def _nccl_log(worker: Worker) -> tuple[str, ...]:
+    """The relevant tail of the worker's NCCL debug file."""
+    return tuple(_relevant_tail(worker.nccl_debug_file)) if worker.nccl_debug_file else ()
+
+
+def _worker_log(worker: Worker) -> tuple[str, ...]:
+    """The relevant tails of the files the worker's output goes to (torchrun --tee or
+    --redirects, or a shell redirect)."""
+    return tuple(line for path in procfs.output_files(worker.identity.pid)
+                 for line in _relevant_tail(path))
+
+
+def _relevant_tail(path: str) -> list[str]:
+    try:
+        return relevant_lines(read_tail(path))
+    except OSError as e:
+        log.warning("cannot read %s: %s", path, e)
+        return []
+
+
+async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work` until it ends (True) or `stop` is set (False: `work` is cancelled)."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # re-raise what ended the session
+    return True
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return e.details() or e.code().name
+    return str(e)

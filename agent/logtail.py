@@ -1,0 +1,116 @@
+"""Tails of log files (NCCL debug files, torchrun's per-rank logs) as evidence; runs in the agent.
+
+Stdlib and the explain classifier only. Reads only the end of a file with positioned reads, so
+the size of the file does not matter. A file that does not exist (never created, already
+rotated away or deleted) gives no lines rather than an error: log evidence is best effort and
+its absence is normal; so does a path that is not a regular file. Other OS errors (permission
+denied) propagate.
+
+Lines come back decoded leniently and printable: NUL bytes (the hole a copytruncate leaves
+before a writer's next line) and ANSI colour codes are removed, other control characters become
+'?', a carriage return keeps only what a terminal would show, and blank lines are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Sequence
+
+from watchdog.explain.scan import classify_line
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")
+_NCCL_FIELD = re.compile(r"%(.?)", re.DOTALL)
+
+
+def _clean(raw: bytes) -> str:
+    text = raw.decode("utf-8", errors="replace").replace("\x00", "")
+    text = _ANSI.sub("", text.rstrip("\r")).rsplit("\r", 1)[-1]
+    return _CONTROL.sub("?", text)
+
+
+def _pread(fd: int, start: int, end: int) -> bytes:
+    chunks, at = [], start
+    while at < end:
+        chunk = os.pread(fd, end - at, at)
+        if not chunk:  # the file shrank while we read
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
+
+
+def _lines(data: bytes, starts_mid_line: bool, max_lines: int) -> list[str]:
+    raw = data.split(b"\n")
+    if starts_mid_line:
+        raw = raw[1:]
+    cleaned = (_clean(line) for line in raw)
+    return [line for line in cleaned if line.strip()][-max_lines:]
+
+
+def _open_regular(path: str) -> int | None:
+    """A descriptor for `path` if it is a regular file; None if it is missing or is a pipe, a
+    terminal or a device (NCCL_DEBUG_FILE=/dev/stdout): reading those would block or steal
+    another reader's data."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _read_span(fd: int, start: int, end: int) -> tuple[bytes, bool]:
+    """Bytes [start, end) and whether `start` is inside a line (its head is not included)."""
+    if start == 0:
+        return _pread(fd, 0, end), False
+    data = _pread(fd, start - 1, end)
+    return data[1:], not data.startswith(b"\n")
+
+
+def read_tail(path: str, max_bytes: int = 256 * 1024, max_lines: int = 200) -> list[str]:
+    """The last complete lines of `path` (at most `max_bytes` read, `max_lines` returned).
+
+    A partial first line is dropped; the last line is kept even if its writer has not finished
+    it. A missing file, or one that is not a regular file, gives [].
+    """
+    fd = _open_regular(path)
+    if fd is None:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        data, mid_line = _read_span(fd, max(0, size - max_bytes), size)
+        return _lines(data, mid_line, max_lines)
+    finally:
+        os.close(fd)
+
+
+def expand_nccl_debug_file(pattern: str, host: str, pid: int) -> str:
+    """The path NCCL writes for NCCL_DEBUG_FILE=`pattern`: %h host, %p pid, %% a percent sign.
+
+    Like NCCL, the host name is cut at its first '.', '%' and '/' in it become '-', and other
+    %-sequences are kept as they are. `host` is the worker's own hostname (the pod name in
+    Kubernetes) and `pid` its pid inside its own pid namespace (the last NSpid in
+    /proc/PID/status), which differ from the agent's view in containers.
+    """
+    short_host = host.split(".", 1)[0].replace("%", "-").replace("/", "-")
+    fields = {"h": short_host, "p": str(pid), "%": "%"}
+    return _NCCL_FIELD.sub(lambda match: fields.get(match.group(1), match.group(0)), pattern)
+
+
+def relevant_lines(lines: Sequence[str], context: int = 3, max_lines: int = 60) -> list[str]:
+    """NCCL WARN lines and the lines `watchdog explain` recognises (NCCL, PyTorch and torchrun
+    errors), each with up to `context` lines before it, at most `max_lines` in all.
+
+    The earliest is usually the cause and later ones its consequences, so when there are too
+    many, the first ones are kept.
+    """
+    keep: set[int] = set()
+    for index, line in enumerate(lines):
+        if " NCCL WARN " in line or classify_line(index + 1, line) is not None:
+            keep.update(range(max(0, index - context), index + 1))
+    return [lines[index] for index in sorted(keep)][:max_lines]

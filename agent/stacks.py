@@ -1,0 +1,119 @@
+"""py-spy stack dumps for the agent (asyncio, in the agent's process).
+
+A dump attaches with ptrace, so a worker is briefly paused. The guarantee: a target that was
+running before a dump is running after it (SIGCONT if py-spy died holding it), and a target
+someone else stopped stays stopped and is reported as such. A stopped process cannot be dumped
+blocking (py-spy: "Failed to get stack traces"), so it gets `--nonblocking` at once.
+
+With `native`, a dump first asks for native frames too (C, C++ and CUDA-library frames between
+the Python ones); that is slower and fails on more processes, so it has a shorter timeout and
+falls back to Python frames alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+from typing import Any
+
+from agent import procfs
+from watchdog.errors import PtraceDeniedError, PySpyMissingError
+from watchdog.model import Frame, RankStack
+
+log = logging.getLogger(__name__)
+
+DUMP_TIMEOUT_S = 5.0
+NATIVE_TIMEOUT_S = 3.0
+_DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
+
+
+def find_py_spy() -> str:
+    """py-spy on PATH, or beside this interpreter (a venv whose bin/ is not on PATH)."""
+    found = shutil.which("py-spy")
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if found:
+        return found
+    if os.access(beside, os.X_OK):
+        return beside
+    raise PySpyMissingError("py-spy was not found on PATH or beside " + sys.executable)
+
+
+async def dump_stack(rank: int, pid: int, native: bool = False) -> RankStack:
+    """The main thread's stack of `pid`; failures come back in RankStack.error, never raised."""
+    before = procfs.read_stat(pid)
+    if before is None or before.gone:
+        return RankStack(rank, pid, error=f"process {pid} has exited")
+    try:
+        py_spy = find_py_spy()
+    except PySpyMissingError as e:
+        return RankStack(rank, pid, error=str(e), was_stopped=before.stopped)
+    modes = [["--nonblocking"]] if before.stopped else [[], ["--nonblocking"]]
+    if native and not before.stopped:
+        modes.insert(0, ["--native"])
+    error = ""
+    for extra in modes:
+        timeout = NATIVE_TIMEOUT_S if "--native" in extra else DUMP_TIMEOUT_S
+        try:
+            out = await _run_py_spy([py_spy, "dump", "--json", "--pid", str(pid), *extra], timeout)
+            frames = main_thread_frames(json.loads(out), pid)
+            return RankStack(rank, pid, frames=frames, was_stopped=before.stopped)
+        except (OSError, ValueError, TimeoutError) as e:
+            error = _explain_failure(str(e))
+            log.warning("py-spy dump of pid %d %s failed: %s", pid, extra or "", error)
+        finally:
+            _resume_if_we_stopped(pid, before.stopped)
+    return RankStack(rank, pid, error=error, was_stopped=before.stopped)
+
+
+async def _run_py_spy(argv: list[str], timeout: float) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise TimeoutError(f"py-spy took longer than {timeout:.0f}s") from None
+    if proc.returncode != 0:
+        raise OSError(err.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}")
+    return out.decode("utf-8", "replace")
+
+
+def _explain_failure(message: str) -> str:
+    if any(marker in message for marker in _DENIED_MARKERS):
+        return str(PtraceDeniedError(f"py-spy could not attach: {message}"))
+    return message
+
+
+def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
+    after = procfs.read_stat(pid)
+    if not was_stopped and after is not None and after.stopped:
+        log.warning("pid %d was left stopped by py-spy; resuming it", pid)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError as e:
+            log.error("could not resume pid %d: %s", pid, e)
+
+
+def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
+    """Frames of the main thread in py-spy's JSON, innermost first."""
+    if not isinstance(dump, list):
+        raise ValueError("py-spy JSON is not a list of threads")
+    threads = [t for t in dump if isinstance(t, dict)]
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    main = main or next((t for t in threads if t.get("os_thread_id") == pid), None)
+    if main is None:
+        raise ValueError("py-spy found no main thread")
+    return tuple(Frame(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line", 0)))
+                 for f in main.get("frames", []) if isinstance(f, dict))
+
+
+async def dump_stacks(targets: list[tuple[int, int]], native: bool = False) -> list[RankStack]:
+    """Stacks of (rank, pid) targets, all at once."""
+    return list(await asyncio.gather(*(dump_stack(rank, pid, native) for rank, pid in targets)))

@@ -1,0 +1,211 @@
+"""The agent's table of training processes on this node: beacons, liveness, exits.
+
+A worker is *verified* when its beacon, its /proc environment and its start time agree; only
+verified, live workers are ever handed to py-spy.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import mmap
+import os
+from dataclasses import dataclass, replace
+
+from agent import procfs
+from agent.logtail import expand_nccl_debug_file
+from watchdog import beacon
+from watchdog import env as _env
+from watchdog.errors import BeaconError
+from watchdog.model import GroupProgress, RankState
+
+log = logging.getLogger(__name__)
+
+STALE_BEACON_S = 60.0  # a beacon whose process died this long ago belongs to an old job
+EXITED_RETENTION_S = 300.0  # keep reporting an exited worker this long, then forget it
+UNHOOKED_SCAN_S = 2.0
+
+
+@dataclass
+class Worker:
+    identity: beacon.Identity  # from its beacon, or from its environment without a hook
+    start_ticks: int
+    verified: bool
+    beacon_path: str = ""  # empty: a torchrun worker without the hook (stacks only)
+    nccl_debug_file: str = ""  # NCCL_DEBUG_FILE with %h and %p expanded, if the worker set it
+    master_addr: str = ""  # the job's rendezvous host: where its coordinator runs by default
+    mapping: mmap.mmap | None = None
+    snapshot: beacon.BeaconSnapshot | None = None
+    exited_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.exited_at is None
+
+
+class WorkerTable:
+    def __init__(self, beacon_dir: str, scan_unhooked: bool = True, proc: str = "/proc") -> None:
+        self.beacon_dir = beacon_dir
+        self._scan_unhooked = scan_unhooked
+        self._proc = proc
+        self._boot = procfs.boot_time(proc)
+        self._by_path: dict[str, Worker] = {}
+        self._unhooked: dict[int, Worker] = {}
+        self._ignored: set[str] = set()
+        self._last_unhooked_scan = 0.0
+
+    def workers(self) -> list[Worker]:
+        return [*self._by_path.values(), *self._unhooked.values()]
+
+    def refresh(self, now: float) -> None:
+        """One pass: new beacons, fresh snapshots, exits. Errors are per worker, never fatal."""
+        for path in sorted(glob.glob(os.path.join(self.beacon_dir, "*.beacon"))):
+            if path not in self._by_path and path not in self._ignored:
+                self._discover(path, now)
+        for worker in list(self._by_path.values()):
+            self._update(worker, now)
+        if self._scan_unhooked and now - self._last_unhooked_scan >= UNHOOKED_SCAN_S:
+            self._last_unhooked_scan = now
+            self._scan_proc(now)
+        self._forget_old(now)
+
+    def find(self, job_id: str, rank: int) -> Worker | None:
+        for worker in self.workers():
+            if worker.identity.job_id == job_id and worker.identity.rank == rank:
+                return worker
+        return None
+
+    def _discover(self, path: str, now: float) -> None:
+        try:
+            mapping = beacon.open_beacon(path)
+            snap = beacon.read_beacon(mapping)
+        except BeaconError as e:
+            log.warning("ignoring %s: %s", path, e)
+            self._ignored.add(path)
+            return
+        ident = snap.identity
+        stat = procfs.read_stat(ident.pid, self._proc)
+        last_sign_of_life = max(snap.heartbeat, snap.exited_at)
+        if (stat is None or stat.gone) and now - last_sign_of_life > STALE_BEACON_S:
+            mapping.close()
+            _remove_quietly(path)  # left behind by a job that ended while no agent watched
+            return
+        env = procfs.read_environ(ident.pid, self._proc) if stat is not None else None
+        worker = Worker(ident, stat.start_ticks if stat else 0,
+                        self._verify(ident, stat, env), path, _nccl_debug_file(env, ident.pid),
+                        (env or {}).get("MASTER_ADDR", ""), mapping, snap)
+        self._unhooked.pop(ident.pid, None)
+        self._by_path[path] = worker
+        log.info("tracking rank %d of job %s (pid %d, verified=%s)", ident.rank, ident.job_id,
+                 ident.pid, worker.verified)
+
+    def _verify(self, ident: beacon.Identity, stat: procfs.ProcStat | None,
+                env: dict[str, str] | None) -> bool:
+        """The pid is the process that wrote this beacon, and it is a torchrun worker."""
+        if stat is None or stat.gone:
+            return False
+        if procfs.start_time(stat, self._boot) > ident.created_at + 2.0:
+            return False  # pid reused by a newer process
+        return env is not None and env.get("RANK") == str(ident.rank)
+
+    def _update(self, worker: Worker, now: float) -> None:
+        if worker.mapping is not None:
+            try:
+                worker.snapshot = beacon.read_beacon(worker.mapping)
+            except BeaconError as e:
+                log.warning("rank %d of %s: %s", worker.identity.rank, worker.identity.job_id, e)
+        if worker.alive and not self._still_running(worker):
+            snap = worker.snapshot
+            clean = snap is not None and snap.exit_state != beacon.EXIT_RUNNING
+            worker.exited_at = snap.exited_at if clean and snap is not None else now
+            ident = worker.identity
+            log.info("rank %d of job %s (pid %d) exited", ident.rank, ident.job_id, ident.pid)
+
+    def _still_running(self, worker: Worker) -> bool:
+        stat = procfs.read_stat(worker.identity.pid, self._proc)
+        return stat is not None and not stat.gone and (
+            worker.start_ticks == 0 or stat.start_ticks == worker.start_ticks)
+
+    def _scan_proc(self, now: float) -> None:
+        known = {w.identity.pid for w in self._by_path.values()}
+        for pid in procfs.list_pids(self._proc):
+            if pid in known or pid in self._unhooked:
+                continue
+            worker = self._unhooked_worker(pid)
+            if worker is not None:
+                self._unhooked[pid] = worker
+        for worker in list(self._unhooked.values()):
+            if worker.alive and not self._still_running(worker):
+                worker.exited_at = now
+
+    def _unhooked_worker(self, pid: int) -> Worker | None:
+        stat = procfs.read_stat(pid, self._proc)
+        if stat is None or stat.gone or not procfs.is_torchrun(
+                procfs.read_cmdline(stat.ppid, self._proc)):
+            return None
+        env = procfs.read_environ(pid, self._proc)
+        if env is None or not _env.is_torchrun_worker(env) or env.get(_env.AUTOINSTALL) == "1":
+            return None  # not a worker, or a hooked one: its beacon (here or elsewhere) tells
+        identity = beacon.Identity(
+            _env.job_id(env), _env.int_env(env, "RANK", 0), _env.int_env(env, "LOCAL_RANK", 0),
+            _env.int_env(env, "WORLD_SIZE", 1), _env.short_hostname(), pid,
+            procfs.start_time(stat, self._boot))
+        return Worker(identity, stat.start_ticks, verified=True,
+                      nccl_debug_file=_nccl_debug_file(env, pid),
+                      master_addr=env.get("MASTER_ADDR", ""))
+
+    def _forget_old(self, now: float) -> None:
+        def expired(worker: Worker) -> bool:
+            return worker.exited_at is not None and now - worker.exited_at > EXITED_RETENTION_S
+
+        for pid in [pid for pid, w in self._unhooked.items() if expired(w)]:
+            del self._unhooked[pid]
+        for path in [path for path, w in self._by_path.items() if expired(w)]:
+            worker = self._by_path.pop(path)
+            if worker.mapping is not None:
+                worker.mapping.close()
+            _remove_quietly(path)
+
+
+def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    """A group of the whole world goes out as (): every report would otherwise carry
+    world_size ranks per rank, 16k x 16k integers a second at scale. The coordinator reads ()
+    as the world for group 0, and as the ranks reporting the group for any other."""
+    return () if len(ranks) == world_size else ranks
+
+
+def _nccl_debug_file(env: dict[str, str] | None, pid: int) -> str:
+    pattern = (env or {}).get("NCCL_DEBUG_FILE", "")
+    return expand_nccl_debug_file(pattern, _env.short_hostname(), pid) if pattern else ""
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError as e:
+        log.debug("could not remove %s: %s", path, e)
+
+
+def rank_state(worker: Worker, now: float) -> RankState:
+    """The report entry for one worker."""
+    ident = worker.identity
+    stat = procfs.read_stat(ident.pid) if worker.alive else None
+    base = RankState(job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
+                     world_size=ident.world_size, host=ident.host, pid=ident.pid,
+                     hooked=False, proc_state=stat.state if stat is not None else "",
+                     heartbeat_age=None, steps=0, events=0, last_event_at=0.0,
+                     exited_at=worker.exited_at)
+    snap = worker.snapshot
+    if snap is None:
+        return base
+    return replace(
+        base, hooked=True,
+        heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
+        steps=snap.steps, events=snap.events, last_event_at=snap.last_event_at,
+        groups=tuple(GroupProgress(g.name, _members(g.ranks, ident.world_size), g.entered_seq,
+                                   g.op, g.completed_seq, g.entered_at) for g in snap.groups),
+        phase=snap.phase, phase_age=now - snap.phase_started if snap.phase else 0.0,
+        phase_timeout=snap.phase_timeout,
+        exit_code=(snap.exit_code if worker.exited_at is not None
+                   and snap.exit_state != beacon.EXIT_RUNNING else None),
+        clean_exit=snap.exit_state == beacon.EXIT_CLEAN)

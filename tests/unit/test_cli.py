@@ -1,0 +1,54 @@
+"""The command line's own contract, in this process: version, usage errors, exit codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from watchdog import __version__
+from watchdog.cli import main
+from watchdog.errors import ExitCode
+
+
+def exit_code_and_stderr(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    return int(ended.value.code or 0), capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"watchdog {__version__}\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "--stall-timeout", "-1", "--", "true"],
+     "argument --stall-timeout: must be a positive number of seconds, not -1"),
+    (["run", "--stall-floor", "0", "--", "true"],
+     "argument --stall-floor: must be a positive number of seconds, not 0"),
+    (["coordinator", "--stall-k", "nan"], "argument --stall-k: must be a positive number"),
+    (["coordinator", "--keep", "2.5"], "argument --keep: not a whole number: '2.5'"),
+    (["coordinator", "--keep-days", "soon"], "argument --keep-days: not a number: 'soon'"),
+    (["agent", "--interval", "inf"], "argument --interval: must be a positive number"),
+])
+def test_bad_numbers_are_usage_errors_naming_the_option(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = exit_code_and_stderr(argv, capsys)
+    assert code == ExitCode.USAGE
+    assert message in err
+
+
+def test_a_watchdog_error_exits_1_with_its_hint(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: object) -> None:
+    assert main(["incidents", "show", "--db", f"{tmp_path}/none.db"]) == ExitCode.USAGE
+    assert main(["incidents", "show", "nope", "--db", f"{tmp_path}/none.db"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "incidents show needs an incident id" in err
+    assert "hint: `watchdog incidents list` shows them" in err
+    assert "no incident nope in" in err
+
+
+def test_run_without_a_command_says_how_to_pass_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run"]) == ExitCode.USAGE
+    assert "hint: put the job after --" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""The coordinator's clock-driven decisions, with time passed in: node silence, the job limit,
+when a stalled job is diagnosed, and the twin check that keeps a restarted coordinator from
+reporting one hang twice."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from test_verdict import T0, done, entered, rank
+
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator.service import MAX_JOBS, NODE_TIMEOUT_S
+from watchdog.model import NodeReport, RankState
+
+
+def coordinator(tmp_path: Path, **policy: float) -> Coordinator:
+    return Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(**policy))
+
+
+def report(node: str, *states: RankState) -> NodeReport:
+    return NodeReport(node, T0, states)
+
+
+def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
+        tmp_path: Path) -> None:
+    hub = coordinator(tmp_path)
+    for second in range(5):  # one report a second
+        hub.ingest(report("node-a", rank(0)), T0 + second)
+    last = T0 + 4
+    assert hub.node_silence("node-a", last + 2.9) == (False, False)
+    assert hub.node_silence("node-a", last + 3.1) == (True, False)
+    assert hub.node_silence("node-a", last + NODE_TIMEOUT_S + 0.1) == (True, True)
+    hub.ingest(report("node-a", rank(0)), last + NODE_TIMEOUT_S + 1)
+    assert hub.node_silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
+
+
+def test_jobs_beyond_the_limit_are_not_tracked(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path)
+    for n in range(MAX_JOBS + 1):
+        hub.ingest(report("node-a", rank(0, job_id=f"job-{n}")), T0)
+    assert len(hub.jobs) == MAX_JOBS
+    assert f"job-{MAX_JOBS}" not in hub.jobs
+
+
+def test_a_stalled_job_is_diagnosed_once_its_threshold_passed(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path, fixed=5.0)
+    hub.listeners.append(lambda incident: None)
+    stuck = [rank(1, done(56, 2.0)), *(rank(r, entered(57, 3.0)) for r in (0, 2, 3))]
+
+    async def judge(at: float) -> int:
+        hub.ingest(report("node-a", *stuck), at)
+        tasks = hub.evaluate_all(at)
+        await asyncio.gather(*tasks)
+        return len(tasks)
+
+    async def scenario() -> list[int]:
+        # Progress until T0, then nothing: judged only past the fixed 5 s (and the warm-up).
+        hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 - 1)
+        hub.evaluate_all(T0 - 1)
+        return [await judge(T0), await judge(T0 + 4.9), await judge(T0 + 5.1)]
+
+    assert asyncio.run(scenario()) == [0, 0, 1]
+    incident = hub.jobs[stuck[0].job_id].incident
+    assert incident is not None and incident["culprit_ranks"] == [1]
+
+
+def test_a_restarted_coordinator_finds_the_hang_it_already_stored(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path)
+    stored = {"id": "a1", "job_id": "j", "detected_at": T0, "kind": "MISSING_RANKS",
+              "culprit_ranks": [1], "collective": {"group": "0", "seq": 57}}
+    hub.store.add(stored)
+    again = {**stored, "id": "b2", "detected_at": T0 + 30}
+    assert hub.stored_twin(again) == stored
+    assert hub.stored_twin({**again, "culprit_ranks": [2]}) is None
+    assert hub.stored_twin({**again, "job_id": "other"}) is None

@@ -1,1 +1,0 @@
-"""The bundled demo job and its runner."""

@@ -1,0 +1,39 @@
+"""`watchdog agent`: the per-node agent daemon, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from watchdog import env
+from watchdog.cli import options
+
+HELP = "the per-node agent daemon"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="default: port 29450 on the MASTER_ADDR of the jobs found on this "
+                        "node, else on 127.0.0.1")
+    p.add_argument("--beacon-dir", metavar="DIR", help="default: $WATCHDOG_BEACON_DIR or "
+                   "/dev/shm/torch-hang-watchdog")
+    p.add_argument("--node-name", metavar="N", help="default: the host name")
+    p.add_argument("--interval", type=options.positive_float, default=1.0, metavar="S",
+                   help="report period (default 1)")
+    options.add_native_option(p)
+    options.add_client_security_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent import Agent
+
+    node = args.node_name or env.short_hostname()
+    beacon_dir = args.beacon_dir or env.beacon_dir()
+    agent = Agent(args.coordinator, beacon_dir, node, args.interval,
+                  security=options.client_security_of(args), native=args.native)
+    print(f"watchdog agent {node}: beacons in {beacon_dir}, "
+          f"coordinator {args.coordinator or 'from the jobs MASTER_ADDR'}",
+          file=sys.stderr, flush=True)
+    asyncio.run(options.serve_until_signal(agent.run))
+    return 0

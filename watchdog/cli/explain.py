@@ -1,0 +1,19 @@
+"""`watchdog explain LOGFILE...`: NCCL, PyTorch and torchrun error lines, with cause and fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from watchdog.explain import explain_main
+
+HELP = "classify NCCL/torch/torchrun error lines"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logfiles", nargs="*", metavar="LOGFILE", help="files; none or - for stdin")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    return explain_main(args.logfiles, args.json, sys.stdout, sys.stdin)

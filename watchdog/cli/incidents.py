@@ -1,0 +1,42 @@
+"""`watchdog incidents [list|show ID]`: incidents stored in the database, newest first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from watchdog.cli import options
+from watchdog.cli.render import render_incident, render_incident_list, use_color
+from watchdog.errors import UsageError, WatchdogError
+
+HELP = "stored incidents"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("id", nargs="?", help="incident id (for show)")
+    p.add_argument("--json", action="store_true")
+    options.add_db_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from watchdog.coordinator import IncidentStore, default_db_path
+
+    store = IncidentStore(args.db or default_db_path())
+    try:
+        if args.action == "show":
+            if not args.id:
+                raise UsageError("incidents show needs an incident id",
+                                 hint="`watchdog incidents list` shows them")
+            body = store.get_json(args.id)
+            if body is None:
+                raise WatchdogError(f"no incident {args.id} in {store.path}")
+            print(body if args.json else render_incident(json.loads(body), use_color(sys.stdout)))
+        elif args.json:
+            print("[" + ", ".join(store.list_json()) + "]")
+        else:
+            print(render_incident_list([json.loads(b) for b in store.list_json()]))
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,93 @@
+"""Options and helpers several subcommands share (CLI process).
+
+Numbers are checked by argparse itself, so a bad one is a usage error (exit 2) that names the
+option, before any command starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.transport import ClientSecurity, client_security
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def add_stall_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stall-timeout", type=positive_float, metavar="S",
+                   help="call a job hung after S seconds without progress (fixed; default: "
+                        "adaptive, see --stall-floor/--stall-k/--stall-warmup)")
+    p.add_argument("--stall-floor", type=positive_float, default=10.0, metavar="S",
+                   help="adaptive threshold never below S seconds (default 10)")
+    p.add_argument("--stall-k", type=positive_float, default=5.0, metavar="K",
+                   help="adaptive threshold = K x p99 progress interval (default 5)")
+    p.add_argument("--stall-warmup", type=positive_float, default=60.0, metavar="S",
+                   help="grace while too few progress intervals were seen (default 60)")
+
+
+def stall_policy(args: argparse.Namespace) -> StallPolicy:
+    return StallPolicy(floor=args.stall_floor, k=args.stall_k, warmup=args.stall_warmup,
+                       fixed=args.stall_timeout)
+
+
+def add_db_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="PATH",
+                   help="incident database (default: $WATCHDOG_DB, /var/lib/torch-hang-watchdog/"
+                        "incidents.db as root, ~/.local/state/torch-hang-watchdog/ otherwise)")
+
+
+def add_token_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token-file", metavar="F",
+                   help="the shared token, in a file other users cannot read, e.g. mode 600 "
+                        "(default: $WATCHDOG_TOKEN; none: no token)")
+
+
+def add_client_security_options(p: argparse.ArgumentParser) -> None:
+    add_token_option(p)
+    p.add_argument("--tls-ca", metavar="PEM", help="speak TLS; trust the coordinator's "
+                   "certificate when this CA signed it")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="client certificate's private key")
+
+
+def client_security_of(args: argparse.Namespace) -> ClientSecurity:
+    return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+
+
+def add_native_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--native", action="store_true",
+                   help="stacks with native (C/C++) frames too; Python frames alone where that "
+                        "fails or takes over 3 s")
+
+
+
+async def serve_until_signal(body: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Run a daemon's `body` until SIGINT or SIGTERM sets the event it watches."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await body(stop)

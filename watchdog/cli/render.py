@@ -1,0 +1,144 @@
+"""Text for people: `watchdog status`, `watchdog incidents` and the incident `watchdog run`
+prints (CLI process). Everything renders from the JSON-shaped dicts of the coordinator's
+`incident` module, so a stored incident and a live one print alike. Functions return strings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TextIO
+
+from watchdog.model import RankStatus
+from watchdog.text import clock, ranks_text
+
+_RESET = "\033[0m"
+_BOLD = "\033[1m"
+_STATE_COLORS = {
+    RankStatus.RUNNING: "\033[32m",
+    RankStatus.FINISHED: "\033[32m",
+    RankStatus.WAITING: "\033[33m",
+}
+_ALARM = "\033[31m"  # every other state
+_COLUMNS = ("RANK", "HOST", "PID", "STATE", "STEP", "LAST COLLECTIVE", "HEARTBEAT")
+_CULPRIT_MARK = "*"
+
+
+def use_color(stream: TextIO) -> bool:
+    """Color only for a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
+def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
+    """The incident as `watchdog run` prints it: verdict, rank table, stacks."""
+    culprits = incident["culprit_ranks"]
+    lines = [
+        _paint(
+            f"{incident['kind']} in job {incident['job_id']} at {clock(incident['detected_at'])}",
+            _BOLD + _ALARM,
+            color,
+        ),
+        _paint(incident["summary"], _BOLD, color),
+    ]
+    if incident.get("node"):
+        lines.append(f"unreachable node: {incident['node']}")
+    lines += ["", rank_table(incident["ranks"], culprits, color)]
+    if incident["stack_groups"]:
+        lines += ["", "stacks, fewest ranks first:"]
+        who = [ranks_text(group["ranks"]) for group in incident["stack_groups"]]
+        width = max(map(len, who))
+        tops = [group["top"] for group in incident["stack_groups"]]
+        lines += [f"  {ranks:<{width}}  {top}" for ranks, top in zip(who, tops, strict=True)]
+    for row in incident["ranks"]:
+        if row["rank"] in culprits:
+            lines += _culprit_evidence(row)
+    return "\n".join(lines)
+
+
+def render_status(status: Mapping[str, Any], color: bool = False) -> str:
+    """`watchdog status`: every job with its ranks and, where one exists, its verdict."""
+    jobs = status["jobs"]
+    if not jobs:
+        return "no jobs"
+    return "\n\n".join(_render_job(job, color) for job in jobs)
+
+
+def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
+    """`watchdog incidents list`: one line per incident, newest first as given."""
+    if not incidents:
+        return "no incidents"
+    return "\n".join(
+        f"{i['id']}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(i['detected_at']))}  "
+        f"{i['job_id']}  {i['kind']}  {i['summary']}"
+        for i in incidents
+    )
+
+
+def rank_table(
+    rows: Sequence[Mapping[str, Any]], culprits: Collection[int] = (), color: bool = False
+) -> str:
+    """A fixed-width table, one line per rank; culprits marked with '*'."""
+    cells = [_row_cells(row, row["rank"] in culprits) for row in rows]
+    widths = [max(len(line[i]) for line in [list(_COLUMNS), *cells]) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(title.ljust(w) for title, w in zip(_COLUMNS, widths, strict=True)).rstrip()]
+    for row, line in zip(rows, cells, strict=True):
+        padded = [cell.ljust(w) for cell, w in zip(line, widths, strict=True)]
+        padded[3] = _paint(padded[3], _STATE_COLORS.get(row["state"], _ALARM), color)
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def _render_job(job: Mapping[str, Any], color: bool) -> str:
+    nodes = ",".join(job["nodes"]) or "-"
+    header = f"job {job['job_id']}  {job['state']}  world size {job['world_size']}  nodes {nodes}"
+    verdict = job["verdict"]
+    culprits = verdict["culprit_ranks"] if verdict else ()
+    lines = [_paint(header, _BOLD, color), rank_table(job["ranks"], culprits, color)]
+    if verdict:
+        lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + _ALARM, color))
+    return "\n".join(lines)
+
+
+def _row_cells(row: Mapping[str, Any], culprit: bool) -> list[str]:
+    age = row["heartbeat_age"]
+    state = row["state"]
+    if state == RankStatus.EXITED:
+        state += " (killed)" if row["exit_code"] is None else f" ({row['exit_code']})"
+    return [
+        f"{_CULPRIT_MARK if culprit else ' '}{row['rank']}",
+        row["host"],
+        str(row["pid"]),
+        state,
+        str(row["step"]),
+        _collective_cell(row["last_collective"]),
+        "-" if age is None else f"{age:.1f}s",
+    ]
+
+
+def _collective_cell(last: Mapping[str, Any] | None) -> str:
+    """'all_reduce #57 g0 (pending)'."""
+    if last is None:
+        return "-"
+    done = "done" if last["completed"] else "pending"
+    return f"{last['op']} #{last['seq']} g{last['group']} ({done})"
+
+
+def _culprit_evidence(row: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if row["stack"]:
+        lines += ["", f"rank {row['rank']} stack, innermost first:"]
+        lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in row["stack"]]
+    for source, log, findings in (("NCCL log", "nccl_log", "nccl_findings"),
+                                  ("output", "worker_log", "worker_findings")):
+        if row.get(log):
+            lines += ["", f"rank {row['rank']} {source}, last relevant lines:"]
+            lines += [f"  {line}" for line in row[log]]
+        for finding in row.get(findings, ()):
+            lines += ["", f"  {finding['category']}: {finding['cause']}",
+                      f"  fix: {finding['fix']}"]
+    return lines
+
+
+def _paint(text: str, code: str, color: bool) -> str:
+    return f"{code}{text}{_RESET}" if color else text

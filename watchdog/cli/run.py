@@ -1,0 +1,32 @@
+"""`watchdog run -- CMD...`: the job, with the hook injected, beside an embedded agent and
+coordinator; prints each incident, and ends the job on a hang with `--on-hang kill`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from watchdog.cli import options
+from watchdog.cli.render import use_color
+
+HELP = "run a job with an embedded agent and coordinator"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.add_stall_options(p)
+    p.add_argument("--on-hang", choices=("report", "kill"), default="report",
+                   help="after a diagnosis: keep the job running (report) or end it (kill)")
+    p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
+    options.add_db_option(p)
+    options.add_native_option(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    from watchdog.cli.embedded import RunOptions, run_job
+    from watchdog.coordinator import default_db_path
+
+    run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang, args.report,
+                             args.db or default_db_path(), use_color(sys.stderr), args.native)
+    return asyncio.run(run_job(run_options))

@@ -1,0 +1,288 @@
+"""What the evidence says about one rank, one stack and one process group (runs in the coordinator).
+
+Shared by the verdict engine and the incident builder, so that the per-rank table an incident
+carries says the same thing the verdict was decided on.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+from watchdog.model import (
+    WORLD_GROUP,
+    CollectiveRef,
+    Frame,
+    GroupProgress,
+    JobSnapshot,
+    RankStack,
+    RankState,
+)
+
+HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
+# "T" only: "t" is a tracing stop, which is what our own py-spy dump looks like while it runs.
+_STOPPED_STATES = frozenset("T")
+# Installed packages and the standard library, on any interpreter layout; "<frozen ...>" too.
+_LIBRARY_PATH = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib(64)?[/\\]python[\d.]*[/\\]|^<")
+_OWN_DIR = str(Path(__file__).parents[1]) + os.sep  # a checkout's hook wrappers sit here...
+_DEMO_DIR = _OWN_DIR + "demo" + os.sep  # ...and the demo's train.py, which plays user code
+_COLLECTIVE_FUNCTIONS = frozenset(
+    {
+        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+        "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+        "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
+        "scatter_object_list", "barrier", "monitored_barrier", "send", "recv",
+        # DDP's gradient all-reduce runs inside the autograd engine: its waiters sit here.
+        "run_backward", "_engine_run_backward",
+    }
+)  # fmt: skip
+_COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
+
+
+def is_library_frame(frame: Frame) -> bool:
+    """Installed packages, the standard library, this package's own hook wrappers, and native
+    code."""
+    return _is_library_file(frame.file)
+
+
+# The stacks of 16k ranks repeat a few dozen files: a diagnosis asks about each file thousands
+# of times.
+@functools.lru_cache(maxsize=4096)
+def _is_library_file(file: str) -> bool:
+    own = file.startswith(_OWN_DIR) and not file.startswith(_DEMO_DIR)
+    return own or _LIBRARY_PATH.search(file) is not None or _is_native_file(file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_native_file(file: str) -> bool:
+    """A shared object (libc.so.6, libtorch_cpu.so) or an unknown one: not Python source."""
+    return not file.endswith((".py", ".pyw")) and not file.startswith("<")
+
+
+def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
+    """`frames` without the native ones that `py-spy --native` interleaves. Those differ from
+    process to process (addresses) and from one look to the next (the syscall a wait is in), so
+    stacks are compared, and collectives found, on Python frames alone."""
+    if all(not _is_native_file(f.file) for f in frames):
+        return frames
+    return tuple(f for f in frames if not _is_native_file(f.file))
+
+
+def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost Python frame of the user's own code, else the innermost frame."""
+    frames = python_frames(frames) or frames
+    return next((f for f in frames if not is_library_frame(f)), frames[0] if frames else None)
+
+
+def collective_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The torch.distributed call (or DDP backward) the innermost frames sit in, if any: the
+    outermost such frame, which is the one the user called (init_process_group, not the helper
+    it waits in)."""
+    inside = [f for f in python_frames(frames)[:_COLLECTIVE_DEPTH] if _is_collective(f)]
+    return inside[-1] if inside else None
+
+
+def _is_collective(frame: Frame) -> bool:
+    return frame.function in _COLLECTIVE_FUNCTIONS or frame.file.endswith("distributed_c10d.py")
+
+
+def frame_site(frame: Frame) -> str:
+    """'train.py:42'."""
+    return f"{PurePath(frame.file).name}:{frame.line}"
+
+
+def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
+    stopped_by_someone = stack is not None and stack.was_stopped
+    return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
+
+
+def wedge_reason(rank: RankState, stack: RankStack | None) -> str:
+    """Why a live process cannot be making progress ('is stopped (state T)'), or ''."""
+    if is_stopped(rank, stack):
+        return f"is stopped (state {rank.proc_state or 'T'})"
+    if rank.alive and rank.proc_state == "D":
+        return "is in uninterruptible sleep (state D)"
+    age = rank.heartbeat_age
+    if rank.alive and rank.hooked and age is not None and age > HEARTBEAT_STALE_S:
+        return f"is alive but ran no Python for {age:.0f} s (native code holds the GIL?)"
+    return ""
+
+
+def waits_in_collective(rank: RankState, stack: RankStack | None,
+                        furthest: Mapping[str, int]) -> bool:
+    """Pending in a collective its hook recorded that no member of its group has gone past
+    (`furthest`: see `furthest_entered`). A member past it means this rank finished it too: DDP's
+    all-reduce, for one, stays pending until the optimizer step, which a rank stuck after its
+    backward never reaches. Then, and for a rank reporting no group, its stack decides."""
+    pending = [progress for progress in rank.groups if progress.pending]
+    if any(furthest.get(p.group, 0) <= p.entered_seq for p in pending):
+        return True
+    if rank.groups and not pending:
+        return False
+    return stack is not None and collective_frame(stack.frames) is not None
+
+
+def furthest_entered(ranks: Iterable[RankState]) -> dict[str, int]:
+    """Per group, the furthest collective any live rank entered."""
+    furthest: dict[str, int] = {}
+    for rank in ranks:
+        if rank.alive:
+            for progress in rank.groups:
+                if progress.entered_seq > furthest.get(progress.group, 0):
+                    furthest[progress.group] = progress.entered_seq
+    return furthest
+
+
+def in_open_phase(rank: RankState) -> bool:
+    """Inside a declared phase (checkpoint, eval, ...) that still has time left."""
+    return bool(rank.phase) and rank.phase_age < rank.phase_timeout
+
+
+def finished_cleanly(rank: RankState) -> bool:
+    return not rank.alive and rank.clean_exit and rank.exit_code == 0
+
+
+def latest_pending(rank: RankState) -> GroupProgress | None:
+    """Where the rank waits: of its pending collectives, the one it entered last."""
+    pending = [progress for progress in rank.groups if progress.pending]
+    return max(pending, key=lambda progress: progress.entered_at, default=None)
+
+
+def awaited_collective(
+    snapshot: JobSnapshot, peer: RankState, gone: RankState
+) -> CollectiveRef | None:
+    """The collective `peer` waits in that `gone`, a member of its group, never entered."""
+    for progress in peer.groups:
+        members = group_members(snapshot, progress.group)
+        reached = gone.group(progress.group)
+        behind = reached is None or reached.entered_seq < progress.entered_seq
+        if progress.pending and gone.rank in members and behind:
+            return CollectiveRef(progress.group, members, progress.entered_seq, progress.entered_op)
+    return None
+
+
+def group_members(snapshot: JobSnapshot, group: str) -> tuple[int, ...]:
+    """The ranks the group's members list, and every rank that has the group itself: a beacon
+    lists only the first MAX_LISTED_RANKS members of a group."""
+    declared: set[int] = set()
+    having: set[int] = set()
+    for rank in snapshot.ranks:
+        progress = rank.group(group)
+        if progress is not None:
+            having.add(rank.rank)
+            declared.update(progress.ranks)
+    if not declared and group == WORLD_GROUP:
+        return tuple(range(snapshot.world_size))
+    return tuple(sorted(declared | having))
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The furthest collective any live member of one group entered, and who is there or behind."""
+
+    group: str
+    members: tuple[int, ...]
+    seq: int
+    arrived: Mapping[int, GroupProgress]
+    behind: tuple[int, ...]
+
+    @functools.cached_property
+    def waiters(self) -> tuple[int, ...]:
+        return tuple(rank for rank, progress in self.arrived.items() if progress.pending)
+
+    @property
+    def all_waiting(self) -> bool:
+        return len(self.waiters) == len(self.arrived)
+
+    def ranks_by_op(self) -> dict[str, list[int]]:
+        by_op: dict[str, list[int]] = {}
+        for rank, progress in self.arrived.items():
+            by_op.setdefault(progress.entered_op, []).append(rank)
+        return by_op
+
+    def ref(self, op: str) -> CollectiveRef:
+        return CollectiveRef(self.group, self.members, self.seq, op)
+
+    def since(self, ranks: Iterable[int]) -> float:
+        return min(self.arrived[rank].entered_at for rank in ranks)
+
+
+@dataclass(frozen=True)
+class StallView:
+    """The live ranks of a stalled job, their stacks and each group's frontier."""
+
+    snapshot: JobSnapshot
+    alive: Mapping[int, RankState]
+    frontiers: tuple[Frontier, ...]
+    furthest: Mapping[str, int]
+
+    @classmethod
+    def of(cls, snapshot: JobSnapshot) -> StallView:
+        alive = {r.rank: r for r in sorted(snapshot.ranks, key=lambda r: r.rank) if r.alive}
+        names = sorted({p.group for r in alive.values() for p in r.groups})
+        frontiers = (_frontier(snapshot, alive, name) for name in names)
+        return cls(snapshot, alive, tuple(f for f in frontiers if f is not None),
+                   furthest_entered(alive.values()))
+
+    @property
+    def stack_only(self) -> bool:
+        return not any(rank.groups for rank in self.alive.values())
+
+    def frames(self, rank: int) -> Sequence[Frame]:
+        stack = self.snapshot.stacks.get(rank)
+        return stack.frames if stack is not None else ()
+
+    def stack_says_waiting(self, rank: int) -> bool | None:
+        """Whether the rank's stack sits in a collective; None without a stack."""
+        frames = self.frames(rank)
+        return collective_frame(frames) is not None if frames else None
+
+    def waiting(self, rank: int) -> bool:
+        return waits_in_collective(self.alive[rank], self.snapshot.stacks.get(rank),
+                                   self.furthest)
+
+    def waiters(self, excluding: Iterable[int] = ()) -> tuple[int, ...]:
+        skip = set(excluding)
+        return tuple(r for r in self.alive if r not in skip and self.waiting(r))
+
+    def blameable(self, rank: int) -> bool:
+        """Neither waiting in a collective nor inside a phase that still has time left."""
+        return not self.waiting(rank) and not in_open_phase(self.alive[rank])
+
+    def waits_with_others(self, rank: int) -> bool:
+        """Pending in a collective that other ranks wait in too: a stale heartbeat or D state
+        there is the wait itself, not its cause. A stopped process is never merely waiting."""
+        state = self.alive[rank]
+        if is_stopped(state, self.snapshot.stacks.get(rank)):
+            return False
+        return any(
+            (same := peer.group(progress.group)) is not None
+            and same.pending
+            and same.entered_seq == progress.entered_seq
+            for progress in state.groups
+            if progress.pending
+            for peer in self.alive.values()
+            if peer.rank != rank
+        )
+
+    def waiting_in(self, rank: int) -> CollectiveRef | None:
+        progress = latest_pending(self.alive[rank])
+        if progress is None:
+            return None
+        members = group_members(self.snapshot, progress.group)
+        return CollectiveRef(progress.group, members, progress.entered_seq, progress.entered_op)
+
+
+def _frontier(snapshot: JobSnapshot, alive: Mapping[int, RankState], name: str) -> Frontier | None:
+    members = group_members(snapshot, name)
+    reached = {r: alive[r].group(name) for r in members if r in alive and alive[r].hooked}
+    seq = max((p.entered_seq for p in reached.values() if p is not None), default=0)
+    if seq == 0:
+        return None
+    arrived = {r: p for r, p in reached.items() if p is not None and p.entered_seq == seq}
+    behind = tuple(r for r, p in reached.items() if p is None or p.entered_seq < seq)
+    return Frontier(name, members, seq, arrived, behind)

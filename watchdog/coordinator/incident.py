@@ -1,0 +1,140 @@
+"""The incident record: the JSON docs/design.md specifies, built from a snapshot and its verdict
+(runs in the coordinator). `rank_rows` also feeds `watchdog status --json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from watchdog.coordinator.evidence import (
+    finished_cleanly,
+    frame_site,
+    furthest_entered,
+    is_library_frame,
+    is_stopped,
+    python_frames,
+    waits_in_collective,
+    wedge_reason,
+)
+from watchdog.explain.scan import explain_lines
+from watchdog.model import JobSnapshot, Kind, RankStack, RankState, RankStatus, Verdict
+
+
+def build_incident(
+    snapshot: JobSnapshot,
+    verdict: Verdict,
+    incident_id: str,
+    detected_at: float,
+) -> dict[str, Any]:
+    """One incident, keys in docs/design.md's order."""
+    collective = verdict.collective
+    incident: dict[str, Any] = {
+        "id": incident_id,
+        "job_id": snapshot.job_id,
+        "detected_at": detected_at,
+        "kind": verdict.kind,
+        "summary": verdict.summary,
+        "culprit_ranks": list(verdict.culprit_ranks),
+        "waiting_ranks": list(verdict.waiting_ranks),
+        "collective": None
+        if collective is None
+        else {
+            "group": collective.group,
+            "ranks": list(collective.ranks),
+            "seq": collective.seq,
+            "op": collective.op,
+        },
+        "ranks": rank_rows(snapshot),
+        "stack_groups": stack_groups(snapshot.stacks),
+    }
+    if verdict.kind == Kind.NODE_UNREACHABLE:
+        incident["node"] = verdict.node
+    return incident
+
+
+def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:
+    """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
+    furthest = furthest_entered(snapshot.ranks)
+    return [_rank_row(snapshot, rank, furthest)
+            for rank in sorted(snapshot.ranks, key=lambda r: r.rank)]
+
+
+def _rank_state(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]
+                ) -> RankStatus:
+    stack = snapshot.stacks.get(rank.rank)
+    if not rank.alive:
+        return RankStatus.FINISHED if finished_cleanly(rank) else RankStatus.EXITED
+    if is_stopped(rank, stack):
+        return RankStatus.STOPPED
+    if wedge_reason(rank, stack):
+        return RankStatus.WEDGED
+    if waits_in_collective(rank, stack, furthest):
+        return RankStatus.WAITING
+    return RankStatus.STALLED if snapshot.stalled else RankStatus.RUNNING
+
+
+def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
+    """Ranks with the same main-thread stack, fewest first (the odd one out is the suspect).
+
+    Library frames are compared without their line numbers: ranks waiting in one collective may
+    sit on different lines of its polling loop. The user's own lines must match.
+    """
+    groups: dict[tuple[tuple[str, str, int | None], ...], list[RankStack]] = {}
+    for rank in sorted(stacks):
+        stack = stacks[rank]
+        if stack.frames:
+            signature = tuple(
+                (f.function, f.file, None if is_library_frame(f) else f.line)
+                for f in python_frames(stack.frames)
+            )
+            groups.setdefault(signature, []).append(stack)
+    ordered = sorted(groups.values(), key=lambda members: (len(members), members[0].rank))
+    return [
+        {"ranks": [s.rank for s in members], "top": _frame_text(members[0])} for members in ordered
+    ]
+
+
+def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]
+              ) -> dict[str, Any]:
+    stack = snapshot.stacks.get(rank.rank) or RankStack(rank.rank, rank.pid)
+    return {
+        "rank": rank.rank,
+        "host": rank.host,
+        "node": snapshot.rank_nodes.get(rank.rank, rank.host),
+        "pid": rank.pid,
+        "state": _rank_state(snapshot, rank, furthest),
+        "step": rank.steps,
+        "last_collective": _last_collective(rank),
+        "stack": [{"function": f.function, "file": f.file, "line": f.line}
+                  for f in stack.frames],
+        "nccl_log": list(stack.nccl_log),
+        "nccl_findings": _findings(stack.nccl_log),
+        "worker_log": list(stack.worker_log),
+        "worker_findings": _findings(stack.worker_log),
+        "exit_code": rank.exit_code,
+        "heartbeat_age": rank.heartbeat_age,
+        "phase": rank.phase,
+    }
+
+
+def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:
+    return [finding.to_json() for finding in explain_lines(lines)] if lines else []
+
+
+def _last_collective(rank: RankState) -> dict[str, Any] | None:
+    if not rank.groups:
+        return None
+    last = max(rank.groups, key=lambda progress: progress.entered_at)
+    return {
+        "group": last.group,
+        "seq": last.entered_seq,
+        "op": last.entered_op,
+        "completed": not last.pending,
+    }
+
+
+def _frame_text(stack: RankStack) -> str:
+    """'all_reduce (distributed_c10d.py:2950)': the innermost Python frame."""
+    frame = (python_frames(stack.frames) or stack.frames)[0]
+    return f"{frame.function} ({frame_site(frame)})"

@@ -1,0 +1,146 @@
+"""The coordinator's view of one job, joined from every node's reports (coordinator process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.coordinator.evidence import python_frames
+from watchdog.coordinator.stall import ProgressTracker, StallPolicy
+from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState
+
+WARM_EVENTS = 8
+
+
+@dataclass
+class JobView:
+    job_id: str
+    policy: StallPolicy
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    incident: dict[str, Any] | None = None
+    incident_events: int = -1  # events total when the open incident fired
+    evaluating: bool = False
+    # Stacks-only jobs (no hook) progress when their stacks change between two looks.
+    stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
+    probe_progress: int = 0
+
+    def __post_init__(self) -> None:
+        self.tracker = ProgressTracker(self.policy)
+        # Running totals, kept up to date on each update: the coordinator reads them every tick,
+        # and at 16k ranks scanning every rank per read was a sixth of its CPU.
+        self.world_size = 0
+        self._events = 0
+        self._hooked = 0
+        self._exited = 0
+        self._warming = 0  # hooked ranks that finished no step yet
+        self._unjoined = 0  # hooked ranks in no process group yet
+        self._in_phase: set[int] = set()
+        self._started = False
+
+    def update(self, node: str, state: RankState) -> None:
+        previous = self.ranks.get(state.rank)
+        if previous is not None:
+            self._count(previous, -1)
+        self._count(state, 1)
+        self.world_size = max(self.world_size, state.world_size)
+        self.ranks[state.rank] = state
+        self.nodes[state.rank] = node
+
+    def _count(self, state: RankState, sign: int) -> None:
+        self._events += sign * state.events
+        self._hooked += sign * state.hooked
+        self._exited += sign * (not state.alive)
+        self._warming += sign * (state.hooked and state.steps == 0
+                                 and state.events < WARM_EVENTS)
+        self._unjoined += sign * (state.hooked and not state.groups)
+        if state.phase and state.alive:
+            if sign > 0:
+                self._in_phase.add(state.rank)
+            else:
+                self._in_phase.discard(state.rank)
+
+    def events_total(self) -> int:
+        return self._events + self.probe_progress
+
+    @property
+    def stacks_only(self) -> bool:
+        return bool(self.ranks) and not self._hooked
+
+    def stacks_moved(self, stacks: dict[int, RankStack]) -> bool:
+        """Whether any rank's stack differs from the last look (the first look counts as a
+        move); a move is recorded as progress."""
+        probe = {rank: tuple(python_frames(stack.frames)) for rank, stack in stacks.items()}
+        if probe == self.stack_probe:
+            return False
+        self.stack_probe = probe
+        self.probe_progress += 1
+        return True
+
+    def grace(self) -> float:
+        """Extra patience beyond the stall threshold: the warm-up, or a declared phase's timeout.
+
+        The warm-up lasts until every hooked rank finished a step (or recorded WARM_EVENTS
+        events, for loops without an optimizer): the first steps import, compile and allocate in
+        silence, even under a fixed --stall-timeout. Ranks without a hook count no steps; their
+        progress is judged from their stacks instead.
+        """
+        phases = (r.phase_timeout for r in map(self.ranks.__getitem__, self._in_phase)
+                  if r.phase_age < r.phase_timeout)
+        return max([self.policy.warmup if self._warming else 0.0, *phases])
+
+    @property
+    def started(self) -> bool:
+        """Every rank reported and every hooked one joined its process groups: start-up is over.
+
+        Until then importing torch and the rendezvous are slow on their own; the stall clock
+        starts here, and the warm-up grace follows. Once over, it stays over.
+        """
+        self._started = self._started or (0 < self.world_size <= len(self.ranks)
+                                          and not self._unjoined)
+        return self._started
+
+    def observe(self, now: float) -> None:
+        if not self.started:
+            return
+        self.tracker.observe(self.events_total(), now)
+        if self.incident_open and self.events_total() != self.incident_events:
+            self.incident_events = -1  # progress resumed: the next stall is a new incident
+
+    @property
+    def incident_open(self) -> bool:
+        return self.incident is not None and self.incident_events >= 0
+
+    @property
+    def done(self) -> bool:
+        """Every rank exited, or a rank exit was already diagnosed: nothing more to decide."""
+        exit_reported = self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED
+        return self.everyone_left or exit_reported
+
+    @property
+    def everyone_left(self) -> bool:
+        return self.world_size <= len(self.ranks) == self._exited
+
+    def needs_judgement(self, now: float) -> bool:
+        """A rank left, or the job stalled: only then is a full snapshot worth building."""
+        return (self._exited > 0
+                or self.tracker.is_stalled(now, phase_timeout=self.grace()))
+
+    def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
+                 unreachable_nodes: tuple[str, ...] = ()) -> JobSnapshot:
+        return JobSnapshot(
+            job_id=self.job_id, world_size=self.world_size, now=now,
+            stalled_for=self.tracker.stalled_for(now),
+            stalled=self.tracker.is_stalled(now, phase_timeout=self.grace()),
+            ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {},
+            rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes)
+
+    def state(self, now: float) -> JobState:
+        if self.ranks and self.everyone_left:
+            clean = all(r.clean_exit and r.exit_code == 0 for r in self.ranks.values())
+            return JobState.FINISHED if clean and self.incident is None else JobState.FAILED
+        if self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED:
+            return JobState.FAILED
+        if self.incident_open:
+            return JobState.HUNG
+        return JobState.STALLED if self.snapshot(now).stalled else JobState.RUNNING

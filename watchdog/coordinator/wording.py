@@ -1,0 +1,61 @@
+"""The verdict's sentences: where ranks wait, where they are stuck (coordinator process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
+from watchdog.model import WORLD_GROUP, CollectiveRef
+from watchdog.text import clock, ranks_text
+
+
+def group_text(group: str, members: Sequence[int]) -> str:
+    """'group 0 (world)', 'group 1 (ranks 0,1)'."""
+    if group == WORLD_GROUP:
+        return f"group {group} (world)"
+    return f"group {group} ({ranks_text(members)})" if members else f"group {group}"
+
+
+def collective_text(ref: CollectiveRef) -> str:
+    """'all_reduce #57 on group 0 (world)'."""
+    return f"{ref.op} #{ref.seq} on {group_text(ref.group, ref.ranks)}"
+
+
+def culprits_text(job: StallView, ranks: Sequence[int]) -> str:
+    """'rank 1 (stuck in __getitem__ at train.py:42)': where the first rank with a stack is."""
+    for rank in ranks:
+        frame = stuck_frame(job.frames(rank))
+        if frame is not None:
+            whose = "" if len(ranks) == 1 else f"rank {rank} "
+            return f"{ranks_text(ranks)} ({whose}stuck in {frame.function} at {frame_site(frame)})"
+    return ranks_text(ranks)
+
+
+def waiters_text(job: StallView, ranks: Iterable[int]) -> str:
+    """'ranks 0,2,3 wait in all_reduce #58 on group 0 (world) since 12:00:03; rank 1 waits ...'"""
+    places: dict[CollectiveRef | None, list[int]] = {}
+    for rank in ranks:
+        places.setdefault(job.waiting_in(rank), []).append(rank)
+    return "; ".join(_wait_text(job, place, waiters) for place, waiters in places.items())
+
+
+def _wait_text(job: StallView, place: CollectiveRef | None, ranks: list[int]) -> str:
+    waits = f"{ranks_text(ranks)} {verb(ranks, 'waits')}"
+    if place is None:
+        return f"{waits} in a collective ({stack_place_text(job, ranks[0])})"
+    entered = [job.alive[r].group(place.group) for r in ranks]
+    since = min(progress.entered_at for progress in entered if progress is not None)
+    return f"{waits} in {collective_text(place)} since {clock(since)}"
+
+
+def stack_place_text(job: StallView, rank: int) -> str:
+    frames = job.frames(rank)
+    inside, caller = collective_frame(frames), stuck_frame(frames)
+    if inside is None or caller is None:
+        return "no stack"
+    return f"{inside.function} called at {frame_site(caller)}"
+
+
+def verb(ranks: Sequence[int], singular: str) -> str:
+    plural = {"waits": "wait", "is": "are"}[singular]
+    return singular if len(ranks) == 1 else plural

@@ -1,0 +1,52 @@
+"""Names and defaults every process agrees on (stdlib only): the environment contract between
+`watchdog run/launch`, the hook and the agent, the host name, the coordinator's port.
+
+The hook reads these in the training process; the agent reads the same variables from
+`/proc/PID/environ` of workers it finds without a hook, so both derive the same job id.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+BEACON_DIR = "WATCHDOG_BEACON_DIR"
+JOB_ID = "WATCHDOG_JOB_ID"
+AUTOINSTALL = "WATCHDOG_AUTOINSTALL"  # "1": the boot sitecustomize installs the hook
+HOOK_PID = "WATCHDOG_HOOK_PID"  # set by the installed hook: its children are not ranks
+
+DEFAULT_BEACON_DIR = "/dev/shm/torch-hang-watchdog"
+DEFAULT_PORT = 29450  # the coordinator's
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def beacon_dir(env: Mapping[str, str] = os.environ) -> str:
+    return env.get(BEACON_DIR) or DEFAULT_BEACON_DIR
+
+
+def is_torchrun_worker(env: Mapping[str, str]) -> bool:
+    """torchrun sets these for its workers, never for itself."""
+    return "RANK" in env and "LOCAL_RANK" in env and "WORLD_SIZE" in env
+
+
+def job_id(env: Mapping[str, str] = os.environ) -> str:
+    """WATCHDOG_JOB_ID, else torchrun's run id joined with the rendezvous endpoint."""
+    explicit = env.get(JOB_ID)
+    if explicit:
+        return explicit
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    master = f"{env.get('MASTER_ADDR', socket.gethostname())}:{env.get('MASTER_PORT', '0')}"
+    return f"{run_id}@{master}"
+
+
+def short_hostname() -> str:
+    """This host's name up to its first dot: how ranks, nodes and NCCL's %h name a host."""
+    return socket.gethostname().split(".", 1)[0]
+
+
+def int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(env.get(name, default))
+    except ValueError:
+        return default

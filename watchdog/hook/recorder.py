@@ -1,0 +1,190 @@
+"""What the hook records, and when (runs inside every training rank; stdlib only).
+
+The patched torch calls report events here, from the training threads. They only update this
+rank's progress in Python objects: the hook's publisher thread copies it into the beacon several
+times a second (`publish`), so a training step pays for a few list stores, not for a shared
+record's lock and seqlock. The beacon lags by at most one publish interval, and a rank blocked
+in a collective has released the GIL to the publisher. An implicit collective (DDP's backward
+all-reduce) and an async one stay pending until this rank's next event, because nothing in
+Python sees them finish. No method raises: a fault in recording disables it and removes the
+beacon, so the agent falls back to treating the rank as one without a hook instead of reading a
+beacon that silently stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+
+from watchdog.beacon import (
+    EXIT_CLEAN,
+    MAX_GROUPS,
+    NOT_ENTERED,
+    UNTIMED,
+    BeaconWriter,
+    Entered,
+    Identity,
+)
+
+NO_PHASE = ("", 0.0, 0.0)
+
+
+class Recorder:
+    """The single recorder of one rank; `enabled` is False in forked children and after a fault."""
+
+    # Its attributes are read several times per training step: slots make each read one load.
+    __slots__ = (
+        "_completed",
+        "_entered",
+        "_manual_steps",
+        "_pending",
+        "_phase",
+        "_steps",
+        "enabled",
+        "exit_code",
+        "exited",
+        "failed",
+        "identity",
+        "pid",
+        "writer",
+    )
+
+    def __init__(self, writer: BeaconWriter, identity: Identity) -> None:
+        self.writer = writer
+        self.identity = identity
+        self.pid = identity.pid
+        self.enabled = True
+        self.failed = False
+        self.exited = False
+        self.exit_code = 0  # what the main thread asked sys.exit for: atexit is not told
+        # Indexed by beacon slot; each item is replaced whole, so the publisher reads it whole.
+        self._entered: list[Entered] = [NOT_ENTERED] * MAX_GROUPS
+        # slot -> seq of the last collective completed; and (slot, seq) of the one collective
+        # waiting for this rank's next event, since each event completes the one before.
+        self._completed: dict[int, int] = {}
+        self._pending: tuple[int, int] | None = None
+        self._steps = 0
+        self._manual_steps = False
+        self._phase = NO_PHASE
+
+    def fail(self, error: BaseException) -> None:
+        """Stop recording for good after an internal error, and say so once."""
+        if self.failed:
+            return
+        self.enabled = False
+        self.failed = True
+        print(f"torch-hang-watchdog: hook disabled after an internal error: {error!r}",
+              file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.unlink(self.writer.path)
+
+    # enter() and optimizer_stepped() run in every training step, right after the rank waited
+    # in a collective: with cold caches each Python call costs about a microsecond there, so
+    # they call no helper of their own.
+    def enter(self, slot: int, op: bytes, pending: bool = False) -> int:
+        """Record entering the next collective of group `slot`; returns its seq (0 on a fault).
+        A `pending` collective is one whose end Python never sees (DDP's all-reduce): it
+        completes at the next event of this rank, and it is timed by the publisher, when first
+        published, which spares every step a clock read."""
+        try:
+            waiting = self._pending
+            if waiting is not None:
+                self._completed[waiting[0]] = waiting[1]
+                self._pending = None
+            seq = self._entered[slot][0] + 1
+            if pending:
+                self._entered[slot] = (seq, op, UNTIMED)
+                self._pending = (slot, seq)
+            else:
+                self._entered[slot] = (seq, op, time.time())
+            return seq
+        except Exception as e:
+            self.fail(e)
+            return 0
+
+    def complete(self, slot: int, seq: int) -> None:
+        self._completed[slot] = seq
+
+    def waited(self, ends: tuple[tuple[int, int], ...]) -> None:
+        """Async collectives or transfers whose wait() returned: completed, unless their group
+        completed a later one already."""
+        for slot, seq in ends:
+            if self._completed.get(slot, 0) < seq:
+                self._completed[slot] = seq
+            if self._pending == (slot, seq):
+                self._pending = None
+
+    def leave_pending(self, slot: int, seq: int) -> None:
+        """Treat the collective just entered as pending after all (an async one)."""
+        self._pending = (slot, seq)
+
+    def optimizer_stepped(self, _optimizer: object, _args: object, _kwargs: object) -> None:
+        """The global optimizer step hook: counts a step, unless `watchdog.step()` counts them,
+        so a loop with several optimizers, or with both, counts each step once."""
+        if self.enabled:
+            if not self._manual_steps:
+                self._steps += 1
+            waiting = self._pending
+            if waiting is not None:
+                self._completed[waiting[0]] = waiting[1]
+                self._pending = None
+
+    def step(self) -> None:
+        """Count a training step by hand; from now on optimizer steps are not counted."""
+        if self.enabled:
+            self._manual_steps = True
+            self.optimizer_stepped(None, None, None)
+            self._steps += 1
+
+    def publish(self) -> None:
+        """Copy the progress recorded so far into the beacon, with a fresh liveness stamp."""
+        if not self.enabled:
+            return
+        try:
+            # completed is copied first: a copy of entered taken after it is never behind it
+            completed = self._completed.copy()
+            now = time.time()
+            self.writer.publish(self._steps, self._entered[:], completed, now)
+            self.writer.heartbeat(now)
+        except Exception as e:
+            self.fail(e)
+
+    def set_phase(self, phase: tuple[str, float, float]) -> tuple[str, float, float]:
+        """Declare (name, started, timeout) as the current phase; returns the one it replaces."""
+        previous = self._phase
+        if not self.enabled:
+            return previous
+        try:
+            self.writer.set_phase(*phase)
+            self._phase = phase
+        except Exception as e:
+            self.fail(e)
+        return previous
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Adopt the rank and world size torch.distributed settled on."""
+        if (rank, world_size) == (self.identity.rank, self.identity.world_size):
+            return
+        try:
+            self.identity = dataclasses.replace(self.identity, rank=rank, world_size=world_size)
+            self.writer.write_identity(self.identity)
+        except Exception as e:
+            self.fail(e)
+
+    def mark_shutdown(self) -> None:
+        """Record the interpreter's orderly exit (atexit), with the code sys.exit asked for."""
+        self.mark_exit(EXIT_CLEAN, self.exit_code)
+
+    def mark_exit(self, state: int, code: int) -> None:
+        """Record how the process ended; only the first call counts (excepthook, then atexit)."""
+        if not self.enabled or self.exited or os.getpid() != self.pid:
+            return
+        self.exited = True
+        self.publish()
+        try:
+            self.writer.mark_exit(state, code, time.time())
+        except Exception as e:
+            self.fail(e)

@@ -1,0 +1,182 @@
+"""The one adapter between protobuf messages and `model` dataclasses (agent and coordinator).
+
+Every message that arrives is validated here: a malformed one raises MessageRejectedError and
+never reaches the rest of the code.
+"""
+
+from __future__ import annotations
+
+import math
+
+from watchdog.errors import MessageRejectedError
+from watchdog.model import (
+    Frame,
+    GroupProgress,
+    NodeReport,
+    RankStack,
+    RankState,
+    StackReply,
+    StackRequest,
+)
+from watchdog.transport.proto import watchdog_pb2 as pb
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_TEXT = 4096
+MAX_RANK = 1 << 20
+MAX_FRAMES = 512
+MAX_LOG_LINES = 200
+
+
+def _text(value: str, what: str) -> str:
+    if len(value) > MAX_TEXT:
+        raise MessageRejectedError(f"{what} is {len(value)} characters (at most {MAX_TEXT})")
+    return value
+
+
+def _rank(value: int, what: str) -> int:
+    if not -1 <= value < MAX_RANK:
+        raise MessageRejectedError(f"{what} {value} is out of range")
+    return value
+
+
+def _time(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise MessageRejectedError(f"{what} is not a finite number")
+    return value
+
+
+# Rank states arrive 16k a second at scale: their fields are checked in one expression each, not
+# one call per field. A sum is finite only when every term is (NaN and infinities propagate).
+def _check_texts(*values: str) -> None:
+    if max(map(len, values)) > MAX_TEXT:
+        raise MessageRejectedError(f"a text field is over {MAX_TEXT} characters")
+
+
+def _check_times(total: float) -> None:
+    if not math.isfinite(total):
+        raise MessageRejectedError("a time field is not a finite number")
+
+
+def group_to_pb(g: GroupProgress) -> pb.GroupProgress:
+    return pb.GroupProgress(group=g.group, ranks=g.ranks, entered_seq=g.entered_seq,
+                            entered_op=g.entered_op, completed_seq=g.completed_seq,
+                            entered_at=g.entered_at)
+
+
+def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
+    group, op, entered_at, ranks = m.group, m.entered_op, m.entered_at, tuple(m.ranks)
+    _check_texts(group, op)
+    _check_times(entered_at)
+    if ranks and (min(ranks) < 0 or max(ranks) >= MAX_RANK):
+        raise MessageRejectedError(f"group {group} lists a rank out of range")
+    return GroupProgress(group=group, ranks=ranks, entered_seq=m.entered_seq, entered_op=op,
+                         completed_seq=m.completed_seq, entered_at=entered_at)
+
+
+def rank_to_pb(r: RankState) -> pb.RankState:
+    m = pb.RankState(
+        job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
+        host=r.host, pid=r.pid, hooked=r.hooked, proc_state=r.proc_state, steps=r.steps,
+        events=r.events, last_event_at=r.last_event_at,
+        groups=[group_to_pb(g) for g in r.groups], phase=r.phase, phase_age=r.phase_age,
+        phase_timeout=r.phase_timeout, clean_exit=r.clean_exit)
+    if r.heartbeat_age is not None:
+        m.heartbeat_age = r.heartbeat_age
+    if r.exited_at is not None:
+        m.exited_at = r.exited_at
+    if r.exit_code is not None:
+        m.exit_code = r.exit_code
+    return m
+
+
+def rank_from_pb(m: pb.RankState) -> RankState:
+    job_id, host, proc_state, phase = m.job_id, m.host, m.proc_state, m.phase
+    rank, world, local_rank = m.rank, m.world_size, m.local_rank
+    if not job_id:
+        raise MessageRejectedError("rank state without a job id")
+    if not 0 < world <= MAX_RANK or not 0 <= rank < world or not -1 <= local_rank < MAX_RANK:
+        raise MessageRejectedError(f"rank {rank} (local {local_rank}) of world size {world} "
+                                   "is impossible")
+    _check_texts(job_id, host, proc_state, phase)
+    heartbeat_age = m.heartbeat_age if m.HasField("heartbeat_age") else None
+    exited_at = m.exited_at if m.HasField("exited_at") else None
+    last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
+    _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
+                 + (exited_at or 0.0))
+    return RankState(
+        job_id=job_id, rank=rank, local_rank=local_rank, world_size=world, host=host, pid=m.pid,
+        hooked=m.hooked, proc_state=proc_state, heartbeat_age=heartbeat_age, steps=m.steps,
+        events=m.events, last_event_at=last_event_at,
+        groups=tuple([group_from_pb(g) for g in m.groups]), phase=phase, phase_age=phase_age,
+        phase_timeout=phase_timeout, exited_at=exited_at,
+        exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit)
+
+
+def report_to_pb(report: NodeReport) -> pb.AgentMessage:
+    return pb.AgentMessage(report=pb.NodeReport(
+        node=report.node, sent_at=report.sent_at, ranks=[rank_to_pb(r) for r in report.ranks]))
+
+
+def stacks_to_pb(reply: StackReply) -> pb.AgentMessage:
+    return pb.AgentMessage(stacks=pb.StackReply(
+        request_id=reply.request_id, node=reply.node,
+        stacks=[pb.RankStack(rank=s.rank, pid=s.pid, error=s.error, was_stopped=s.was_stopped,
+                             frames=[pb.Frame(function=f.function, file=f.file, line=f.line)
+                                     for f in s.frames], nccl_log=s.nccl_log,
+                             worker_log=s.worker_log)
+                for s in reply.stacks]))
+
+
+def _stack_from_pb(m: pb.RankStack) -> RankStack:
+    logs = len(m.nccl_log) + len(m.worker_log)
+    if len(m.frames) > MAX_FRAMES or logs > MAX_LOG_LINES:
+        raise MessageRejectedError(f"stack of {len(m.frames)} frames and {logs} log lines (at "
+                                   f"most {MAX_FRAMES} and {MAX_LOG_LINES})")
+    frames = tuple(Frame(_text(f.function, "function"), _text(f.file, "file"), f.line)
+                   for f in m.frames)
+    return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
+                     error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
+                     nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),
+                     worker_log=tuple(_text(line, "log line") for line in m.worker_log))
+
+
+def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:
+    body = m.WhichOneof("body")
+    if body == "report":
+        return NodeReport(node=_text(m.report.node, "node"),
+                          sent_at=_time(m.report.sent_at, "sent_at"),
+                          ranks=tuple(rank_from_pb(r) for r in m.report.ranks))
+    if body == "stacks":
+        return StackReply(request_id=m.stacks.request_id, node=_text(m.stacks.node, "node"),
+                          stacks=tuple(_stack_from_pb(s) for s in m.stacks.stacks))
+    raise MessageRejectedError("empty agent message")
+
+
+def stack_request_to_pb(req: StackRequest) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(stack_request=pb.StackRequest(
+        request_id=req.request_id, job_id=req.job_id, ranks=req.ranks))
+
+
+def coordinator_message_from_pb(m: pb.CoordinatorMessage) -> StackRequest | None:
+    """The request an agent must serve, or None for a message kind it does not know."""
+    if m.WhichOneof("body") != "stack_request":
+        return None
+    r = m.stack_request
+    return StackRequest(request_id=r.request_id, job_id=_text(r.job_id, "job id"),
+                        ranks=tuple(_rank(x, "rank") for x in r.ranks))
+
+
+def status_request_to_pb(job_id: str) -> pb.StatusRequest:
+    return pb.StatusRequest(job_id=job_id)
+
+
+def status_request_from_pb(m: pb.StatusRequest) -> str:
+    return _text(m.job_id, "job id")
+
+
+def status_reply_to_pb(status_json: str) -> pb.StatusReply:
+    return pb.StatusReply(status_json=status_json)
+
+
+def status_reply_from_pb(m: pb.StatusReply) -> str:
+    return m.status_json
