@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from agent import procfs
+from agent.gpu import GpuSampler
 from agent.logtail import read_tail, relevant_lines
 from agent.stacks import dump_stacks
 from agent.workers import Worker, WorkerTable, rank_state
@@ -42,13 +43,16 @@ class Agent:
         self.interval = interval
         self.native = native  # ask py-spy for native frames too
         self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
+        self.gpu = GpuSampler()
         self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
 
     def scan(self) -> NodeReport:
         """Refresh the worker table and return the node report for it."""
         now = time.time()
         self.table.refresh(now)
-        return NodeReport(self.node, now, tuple(rank_state(w, now) for w in self.table.workers()))
+        gpu = self.gpu.utilization()
+        return NodeReport(self.node, now,
+                          tuple(rank_state(w, now, gpu) for w in self.table.workers()))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Scan and report until `stop` is set; no error ends this loop."""
@@ -117,12 +121,13 @@ class Agent:
 
     async def _serve(self, request: StackRequest) -> None:
         try:
-            stacks = await self.collect_stacks(request.job_id, request.ranks)
+            stacks = await self.collect_stacks(request.job_id, request.ranks, request.samples)
             self._offer(StackReply(request.request_id, self.node, tuple(stacks)))
         except Exception:
             log.exception("stack request %d failed", request.request_id)
 
-    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...]) -> list[RankStack]:
+    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...],
+                             samples: int = 1) -> list[RankStack]:
         """Stacks of the local ranks asked for; only verified, live workers are attached to."""
         targets: list[Worker] = []
         refused: list[RankStack] = []
@@ -137,7 +142,7 @@ class Agent:
                 refused.append(RankStack(rank, worker.identity.pid,
                                          error=f"not attaching: {reason}"))
         stacks = await dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
-                                           self.native)
+                                    self.native, samples)
         with_logs = [replace(stack, nccl_log=_nccl_log(worker), worker_log=_worker_log(worker))
                      for stack, worker in zip(stacks, targets, strict=True)]
         return [*with_logs, *refused]

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from typing import Any
 
 from agent import procfs
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DUMP_TIMEOUT_S = 5.0
 NATIVE_TIMEOUT_S = 3.0
+SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -114,6 +116,33 @@ def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
                  for f in main.get("frames", []) if isinstance(f, dict))
 
 
-async def dump_stacks(targets: list[tuple[int, int]], native: bool = False) -> list[RankStack]:
+async def sample_stack(rank: int, pid: int, native: bool = False, samples: int = 1) -> RankStack:
+    """`samples` stacks of `pid` spread over SAMPLE_SPREAD_S: the last one, and whether the
+    innermost Python frame moved between them (a rank running Python, however slowly, is not
+    hung). Only the last is taken with native frames, which are slower to get."""
+    taken: list[RankStack] = []
+    stack = RankStack(rank, pid)
+    for index in range(samples):
+        if index:
+            await asyncio.sleep(SAMPLE_SPREAD_S / (samples - 1))
+        stack = await dump_stack(rank, pid, native and index == samples - 1)
+        if stack.frames:
+            taken.append(stack)
+    if not taken:
+        return stack
+    return replace(taken[-1], samples=len(taken), moved=moved(taken))
+
+
+def moved(stacks: list[RankStack]) -> bool:
+    """Whether the innermost Python frame (function, file and line) differs between stacks of
+    one process; native frames differ from one look to the next anyway."""
+    tops = {next(((f.function, f.file, f.line) for f in s.frames if not f.native), None)
+            for s in stacks}
+    return len(tops) > 1
+
+
+async def dump_stacks(targets: list[tuple[int, int]], native: bool = False,
+                      samples: int = 1) -> list[RankStack]:
     """Stacks of (rank, pid) targets, all at once."""
-    return list(await asyncio.gather(*(dump_stack(rank, pid, native) for rank, pid in targets)))
+    return list(await asyncio.gather(*(sample_stack(rank, pid, native, samples)
+                                       for rank, pid in targets)))

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import mmap
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from agent import procfs
+from agent import activity, procfs
 from agent.logtail import expand_nccl_debug_file
 from watchdog import beacon
 from watchdog import env as _env
-from watchdog.errors import BeaconError
-from watchdog.model import GroupProgress, RankState
+from watchdog.errors import BeaconError, BeaconNotReadyError
+from watchdog.model import NO_ACTIVITY, Activity, GroupProgress, RankState
 
 log = logging.getLogger(__name__)
 
 STALE_BEACON_S = 60.0  # a beacon whose process died this long ago belongs to an old job
 EXITED_RETENTION_S = 300.0  # keep reporting an exited worker this long, then forget it
 UNHOOKED_SCAN_S = 2.0
+NOT_READY_S = 5.0
 
 
 @dataclass
@@ -37,10 +40,15 @@ class Worker:
     mapping: mmap.mmap | None = None
     snapshot: beacon.BeaconSnapshot | None = None
     exited_at: float | None = None
+    window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
 
     @property
     def alive(self) -> bool:
         return self.exited_at is None
+
+    def sample(self, now: float, stat: procfs.ProcStat, gpu_util: float | None) -> Activity:
+        """Read the process's counters; its activity over the last few seconds."""
+        return self.window.add(activity.read(self.identity.pid, now, stat), gpu_util)
 
 
 class WorkerTable:
@@ -77,8 +85,9 @@ class WorkerTable:
 
     def _discover(self, path: str, now: float) -> None:
         try:
-            mapping = beacon.open_beacon(path)
-            snap = beacon.read_beacon(mapping)
+            mapping, snap = _open_new(path, now)
+        except BeaconNotReadyError:
+            return  # its writer is creating it: the next scan reads it
         except BeaconError as e:
             log.warning("ignoring %s: %s", path, e)
             self._ignored.add(path)
@@ -167,6 +176,27 @@ class WorkerTable:
             _remove_quietly(path)
 
 
+def _open_new(path: str, now: float) -> tuple[mmap.mmap, beacon.BeaconSnapshot]:
+    """A beacon just found, mapped, and its first snapshot. One its writer has not finished
+    creating raises BeaconNotReadyError, until NOT_READY_S after it was last written: then it
+    never will be."""
+    try:
+        mapping = beacon.open_beacon(path)
+        try:
+            return mapping, beacon.read_beacon(mapping)
+        except BeaconError:
+            mapping.close()
+            raise
+    except BeaconNotReadyError as e:
+        try:
+            young = now - os.stat(path).st_mtime < NOT_READY_S
+        except OSError:
+            young = False
+        if young:
+            raise
+        raise BeaconError(f"still not written {NOT_READY_S:.0f} s after its creation") from e
+
+
 def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
     """A group of the whole world goes out as (): every report would otherwise carry
     world_size ranks per rank, 16k x 16k integers a second at scale. The coordinator reads ()
@@ -186,21 +216,27 @@ def _remove_quietly(path: str) -> None:
         log.debug("could not remove %s: %s", path, e)
 
 
-def rank_state(worker: Worker, now: float) -> RankState:
-    """The report entry for one worker."""
+def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = None) -> RankState:
+    """The report entry for one worker; `gpu` maps pids to their GPU utilisation."""
     ident = worker.identity
     stat = procfs.read_stat(ident.pid) if worker.alive else None
+    live = stat is not None and not stat.gone
     base = RankState(job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
                      world_size=ident.world_size, host=ident.host, pid=ident.pid,
                      hooked=False, proc_state=stat.state if stat is not None else "",
                      heartbeat_age=None, steps=0, events=0, last_event_at=0.0,
-                     exited_at=worker.exited_at)
+                     exited_at=worker.exited_at,
+                     activity=worker.sample(now, stat, (gpu or {}).get(ident.pid))
+                     if stat is not None and live else NO_ACTIVITY)
     snap = worker.snapshot
     if snap is None:
         return base
     return replace(
         base, hooked=True,
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
+        progress_age=_age(now, snap.progress_at),
+        gap_p99=snap.gap_p99 if math.isfinite(snap.gap_p99) and snap.gap_p99 >= 0 else 0.0,
+        gaps=snap.gaps,
         steps=snap.steps, events=snap.events, last_event_at=snap.last_event_at,
         groups=tuple(GroupProgress(g.name, _members(g.ranks, ident.world_size), g.entered_seq,
                                    g.op, g.completed_seq, g.entered_at) for g in snap.groups),
@@ -209,3 +245,8 @@ def rank_state(worker: Worker, now: float) -> RankState:
         exit_code=(snap.exit_code if worker.exited_at is not None
                    and snap.exit_state != beacon.EXIT_RUNNING else None),
         clean_exit=snap.exit_state == beacon.EXIT_CLEAN)
+
+
+def _age(now: float, stamp: float) -> float | None:
+    """Seconds since a beacon's time stamp; None for none (0) or one that is no time at all."""
+    return max(0.0, now - stamp) if stamp > 0 and math.isfinite(stamp) else None

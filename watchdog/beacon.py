@@ -22,10 +22,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchdog.errors import BeaconError
+from watchdog.errors import BeaconError, BeaconNotReadyError
 
 MAGIC = b"THWBEACN"
-VERSION = 1
+VERSION = 2  # 2: the publisher's progress stamp and gap statistics
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -44,6 +44,7 @@ _RANKS = struct.Struct(f"<{MAX_LISTED_RANKS}i")
 _EXIT = struct.Struct("<Iid")  # exit_state, exit_code, exited_at (n_groups left alone)
 _PHASE = struct.Struct("<32sdd")
 _N_GROUPS = struct.Struct("<I")
+_PACE = struct.Struct("<ddQ")  # progress_at, gap_p99, gaps
 
 OFF_SEQ = 16
 OFF_HEARTBEAT = 24
@@ -52,6 +53,7 @@ OFF_PROGRESS = OFF_IDENTITY + _IDENTITY.size
 OFF_N_GROUPS = OFF_PROGRESS + 16
 OFF_EXIT = OFF_N_GROUPS + 4
 OFF_PHASE = OFF_EXIT + _EXIT.size
+OFF_PACE = 272
 OFF_GROUPS = 512
 GROUP_SLOT_SIZE = _GROUP_META.size + _GROUP_HOT.size + _RANKS.size
 # Inside a slot: the hot fields that enter() and complete() store one by one.
@@ -61,8 +63,9 @@ OFF_ENTERED_AT = OFF_OP + 32
 OFF_COMPLETED = OFF_OP + 40
 SIZE = OFF_GROUPS + MAX_GROUPS * GROUP_SLOT_SIZE
 
-assert OFF_PROGRESS + _PROGRESS.size <= OFF_GROUPS
-assert OFF_PROGRESS % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == OFF_ENTERED_SEQ % 8 == 0
+assert OFF_PROGRESS + _PROGRESS.size <= OFF_PACE and OFF_PACE + _PACE.size <= OFF_GROUPS
+assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
+assert OFF_ENTERED_SEQ % 8 == 0
 
 
 Entered = tuple[int, bytes, float]  # a group's last collective entered: seq, op, unix time
@@ -79,6 +82,15 @@ class Identity:
     host: str
     pid: int
     created_at: float
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How the rank's progress went by the hook's own clock, as the publisher saw it."""
+
+    progress_at: float = 0.0
+    gap_p99: float = 0.0
+    gaps: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,9 @@ class BeaconSnapshot:
     phase_started: float
     phase_timeout: float
     groups: tuple[BeaconGroup, ...]
+    progress_at: float = 0.0  # when the publisher last saw the event count change; 0: never
+    gap_p99: float = 0.0  # p99 of the recent gaps between such changes, from the first step on
+    gaps: int = 0  # how many gaps the hook measured
 
     @property
     def events(self) -> int:
@@ -202,7 +217,7 @@ class BeaconWriter:
             return slot
 
     def publish(self, steps: int, entered: Sequence[Entered], completed: Mapping[int, int],
-                now: float) -> None:
+                now: float, pace: Pace | None = None) -> None:
         """Record the rank's progress as one consistent record: the step count (stamped `now`
         when it changed) and, for each registered group, its last collective entered as
         (seq, op, time) and its last completed seq. An UNTIMED entry is stamped `now` by the
@@ -210,6 +225,10 @@ class BeaconWriter:
         words, doubles = self._words, self._doubles
         with self._lock:
             self._begin()
+            if pace is not None:
+                doubles[OFF_PACE // 8] = pace.progress_at
+                doubles[OFF_PACE // 8 + 1] = pace.gap_p99
+                words[OFF_PACE // 8 + 2] = pace.gaps
             if steps != self._steps:
                 words[OFF_PROGRESS // 8] = steps
                 doubles[OFF_PROGRESS // 8 + 1] = now
@@ -271,13 +290,16 @@ def _parse(data: bytes) -> BeaconSnapshot:
         groups.append(BeaconGroup(_text(name), tuple(ranks), _text(op), entered_seq, entered_at,
                                   completed_seq))
     identity = Identity(_text(job), rank, local_rank, world, _text(host), pid, created)
+    progress_at, gap_p99, gaps = _PACE.unpack_from(data, OFF_PACE)
     return BeaconSnapshot(identity, _HEARTBEAT.unpack_from(data, OFF_HEARTBEAT)[0], steps,
                           step_at, exit_state, exit_code, exited_at, _text(phase), phase_started,
-                          phase_timeout, tuple(groups))
+                          phase_timeout, tuple(groups), progress_at, gap_p99, gaps)
 
 
 def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
     """A consistent snapshot of a beacon, or BeaconError if it is not one or never settles."""
+    if buf[:len(MAGIC)] == bytes(len(MAGIC))[:len(buf)]:  # the header is written last
+        raise BeaconNotReadyError(f"beacon not written yet ({len(buf)} bytes)")
     if len(buf) < SIZE:
         raise BeaconError(f"beacon is {len(buf)} bytes, expected {SIZE}")
     magic, version, recorded_size = _HEADER.unpack_from(buf, 0)
@@ -304,6 +326,8 @@ def open_beacon(path: str) -> mmap.mmap:
     """Map a beacon read-only; the mapping stays valid after the writer exits."""
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise BeaconNotReadyError(f"cannot map beacon {path}: empty, not written yet")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise BeaconError(f"cannot map beacon {path}: {e}") from e

@@ -12,9 +12,64 @@ from dataclasses import dataclass, field
 WORLD_GROUP = "0"  # c10d names the default process group "0"
 
 
+class _Text(str, enum.Enum):
+    """A closed set of names that reach JSON and terminals as plain strings."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Kind(_Text):
+    """The closed set of verdict kinds (docs/design.md)."""
+
+    MISSING_RANKS = "MISSING_RANKS"
+    COLLECTIVE_MISMATCH = "COLLECTIVE_MISMATCH"
+    RANK_EXITED = "RANK_EXITED"
+    RANK_WEDGED = "RANK_WEDGED"
+    ALL_IN_COLLECTIVE = "ALL_IN_COLLECTIVE"
+    RANK_STALLED = "RANK_STALLED"
+    NODE_UNREACHABLE = "NODE_UNREACHABLE"
+    RANK_BUSY = "RANK_BUSY"
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.NOTICE if self is Kind.RANK_BUSY else Severity.HANG
+
+
+class Severity(_Text):
+    """How much an incident matters: only a hang ends a job (`--on-hang kill`)."""
+
+    HANG = "hang"
+    NOTICE = "notice"  # a rank works while its peers wait: a long phase, until --busy-timeout
+    WARNING = "warning"  # the job runs, but something is silently wrong
+
+
+class JobState(_Text):
+    """A job's state in `watchdog status`."""
+
+    RUNNING = "RUNNING"
+    STALLED = "STALLED"  # no progress past the threshold; no verdict yet
+    HUNG = "HUNG"  # a hang incident is open
+    FINISHED = "FINISHED"  # every rank exited 0 after a clean shutdown, with no incident
+    FAILED = "FAILED"
+
+
+class RankStatus(_Text):
+    """One rank's state in an incident's and in `watchdog status`'s per-rank table."""
+
+    RUNNING = "RUNNING"
+    WAITING = "WAITING"  # pending in a collective
+    BUSY = "BUSY"  # the job is stalled, and this rank works outside any collective
+    STALLED = "STALLED"  # the job is stalled and this rank waits in no collective
+    STOPPED = "STOPPED"  # state T: someone stopped the process
+    WEDGED = "WEDGED"  # D state, or its main thread has not run for a while
+    EXITED = "EXITED"
+    FINISHED = "FINISHED"  # exited 0 after a clean interpreter shutdown
+
+
 # GroupProgress and RankState arrive 16k a second at scale: slotted and not frozen, since a frozen
 # dataclass's __init__ cost 3.7 us more per rank state (a fifth of decoding one). Nothing
-# mutates them after _wire builds them.
+# mutates them after `transport.wire` builds them.
 @dataclass(slots=True)
 class GroupProgress:
     """One rank's view of one process group: the last collective it entered and completed."""
@@ -31,11 +86,37 @@ class GroupProgress:
         return self.entered_seq > self.completed_seq
 
 
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What a rank's process did over the agent's last few seconds, from /proc and NVML: the
+    evidence that tells a busy rank from a hung one without stopping it."""
+
+    window: float = 0.0  # seconds the rates cover; 0: not known yet
+    main_cpu: float = 0.0  # cores used by the main thread
+    process_cpu: float = 0.0  # cores used by the whole process
+    read_rate: float = 0.0  # bytes/s read (files, pipes, sockets)
+    write_rate: float = 0.0  # bytes/s written
+    gpu_util: float | None = None  # percent of the GPU's SMs busy with it; None: unknown
+
+
+NO_ACTIVITY = Activity()
+
+
+def is_native_file(file: str) -> bool:
+    """A shared object (libc.so.6, libtorch_cpu.so) or an unknown one: not Python source."""
+    return not file.endswith((".py", ".pyw")) and not file.startswith("<")
+
+
 @dataclass(frozen=True)
 class Frame:
     function: str
     file: str
     line: int
+
+    @property
+    def native(self) -> bool:
+        """A C/C++ frame that `py-spy --native` interleaves with the Python ones."""
+        return is_native_file(self.file)
 
 
 @dataclass(frozen=True)
@@ -49,6 +130,8 @@ class RankStack:
     was_stopped: bool = False  # someone else had stopped the process (state T) before the dump
     nccl_log: tuple[str, ...] = ()  # the relevant tail of the rank's NCCL_DEBUG_FILE
     worker_log: tuple[str, ...] = ()  # ...and of the files its stdout and stderr go to
+    samples: int = 1  # stacks taken, spread over about a second; `frames` is the last one
+    moved: bool = False  # their innermost Python frames differed: the rank runs Python
 
 
 @dataclass(slots=True)
@@ -74,6 +157,10 @@ class RankState:
     exited_at: float | None = None
     exit_code: int | None = None  # None while alive, or when the process was killed
     clean_exit: bool = False  # the interpreter shut down normally (the hook's atexit ran)
+    progress_age: float | None = None  # seconds since the hook saw its event count change
+    gap_p99: float = 0.0  # p99 of the hook's own gaps between progress, from its first step
+    gaps: int = 0  # how many such gaps the hook has seen
+    activity: Activity = NO_ACTIVITY
 
     @property
     def alive(self) -> bool:
@@ -98,6 +185,7 @@ class StackRequest:
     request_id: int
     job_id: str
     ranks: tuple[int, ...]
+    samples: int = 1  # stacks of each rank, spread over about a second
 
 
 @dataclass(frozen=True)
@@ -117,12 +205,16 @@ class CollectiveRef:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str
+    kind: Kind
     summary: str
     culprit_ranks: tuple[int, ...]
     waiting_ranks: tuple[int, ...]
     collective: CollectiveRef | None = None
     node: str = ""  # set for NODE_UNREACHABLE
+
+    @property
+    def severity(self) -> Severity:
+        return self.kind.severity
 
 
 @dataclass(frozen=True)
@@ -138,44 +230,4 @@ class JobSnapshot:
     stacks: dict[int, RankStack] = field(default_factory=dict)
     rank_nodes: dict[int, str] = field(default_factory=dict)  # the agent that reports each rank
     unreachable_nodes: tuple[str, ...] = ()  # nodes whose agent stopped reporting
-
-
-class _Text(str, enum.Enum):
-    """A closed set of names that reach JSON and terminals as plain strings."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class Kind(_Text):
-    """The closed set of verdict kinds (docs/design.md)."""
-
-    MISSING_RANKS = "MISSING_RANKS"
-    COLLECTIVE_MISMATCH = "COLLECTIVE_MISMATCH"
-    RANK_EXITED = "RANK_EXITED"
-    RANK_WEDGED = "RANK_WEDGED"
-    ALL_IN_COLLECTIVE = "ALL_IN_COLLECTIVE"
-    RANK_STALLED = "RANK_STALLED"
-    NODE_UNREACHABLE = "NODE_UNREACHABLE"
-
-
-class JobState(_Text):
-    """A job's state in `watchdog status`."""
-
-    RUNNING = "RUNNING"
-    STALLED = "STALLED"  # no progress past the threshold; no verdict yet
-    HUNG = "HUNG"  # a hang incident is open
-    FINISHED = "FINISHED"  # every rank exited 0 after a clean shutdown, with no incident
-    FAILED = "FAILED"
-
-
-class RankStatus(_Text):
-    """One rank's state in an incident's and in `watchdog status`'s per-rank table."""
-
-    RUNNING = "RUNNING"
-    WAITING = "WAITING"  # pending in a collective
-    STALLED = "STALLED"  # the job is stalled and this rank waits in no collective
-    STOPPED = "STOPPED"  # state T: someone stopped the process
-    WEDGED = "WEDGED"  # D state, or its main thread has not run for a while
-    EXITED = "EXITED"
-    FINISHED = "FINISHED"  # exited 0 after a clean interpreter shutdown
+    busy_timeout: float = float("inf")  # a rank busy this long while its peers wait is hung

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from watchdog.beacon import BeaconWriter, Identity  # noqa: E402
 from watchdog.cli.demo import free_port  # noqa: E402
+from watchdog.cli.inject import BOOT_DIR  # noqa: E402
 from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
 from watchdog.hook.recorder import Recorder  # noqa: E402
 from watchdog.hook.torch_patches import TorchPatches  # noqa: E402
@@ -167,7 +168,7 @@ def step_costs(width: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=SHM) as shm:
         out = os.path.join(tmp, "times.json")
         env = dict(os.environ, WATCHDOG_AUTOINSTALL="1", WATCHDOG_BEACON_DIR=shm,
-                   PYTHONPATH=f"{REPO / 'watchdog' / '_boot'}:{REPO}")
+                   PYTHONPATH=f"{BOOT_DIR}:{REPO}")
         run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                               f"--master_port={free_port()}", __file__, "--ddp-worker", out,
                               str(width)], env=env, capture_output=True, text=True)

@@ -3,6 +3,7 @@ two agents and one coordinator over real gRPC on loopback."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -17,16 +18,20 @@ from test_daemons import WATCHDOG, status
 from watchdog.cli.demo import TRAIN_SCRIPT, free_port
 
 DEADLINE_S = 150
+FLOOR_S = 10.0  # --stall-floor's default
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, defaults: bool = False) -> None:
+        """Daemons with a short fixed threshold and fast reports, or with their `defaults`."""
         self.tmp_path = tmp_path
         self.address = f"127.0.0.1:{free_port()}"
         self.master_port = free_port()
         self.procs: list[subprocess.Popen[str]] = []
+        self.agent_args = () if defaults else ("--interval", "0.25")
         self.coordinator = self._spawn(["coordinator", "--listen", self.address,
-                                        "--stall-timeout", "3"], "coordinator")
+                                        *(() if defaults else ("--stall-timeout", "3"))],
+                                       "coordinator")
         self.agents = {node: self.start_agent(node) for node in ("node-a", "node-b")}
 
     def env(self, node: str) -> dict[str, str]:
@@ -40,7 +45,7 @@ class Cluster:
         return proc
 
     def start_agent(self, node: str) -> subprocess.Popen[str]:
-        return self._spawn(["agent", "--coordinator", self.address, "--interval", "0.25",
+        return self._spawn(["agent", "--coordinator", self.address, *self.agent_args,
                             "--node-name", node], node)
 
     def start_job(self, *train_args: str) -> None:
@@ -52,7 +57,10 @@ class Cluster:
                 *train_args], node)
 
     def stop(self) -> str:
-        return "\n---\n".join(stop_process(proc) for proc in reversed(self.procs))
+        """Everything the processes printed, once they are stopped."""
+        output = "\n---\n".join(stop_process(proc) for proc in reversed(self.procs))
+        self.procs = []
+        return output
 
     def wait_for(self, predicate: Any) -> dict[str, Any]:
         deadline = time.monotonic() + DEADLINE_S
@@ -87,6 +95,20 @@ def test_culprit_on_the_other_node(cluster: Cluster) -> None:
     assert "read_sample_from_storage" in [f["function"] for f in culprit["stack"]]
     assert {r["rank"]: r["node"] for r in job["ranks"]} == {
         0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+
+
+def test_with_default_settings_a_stall_on_the_other_node_is_named_within_the_floor_plus_2_s(
+        tmp_path: Path) -> None:
+    """Agents reporting once a second, as services do, and the adaptive threshold."""
+    cluster = Cluster(tmp_path, defaults=True)
+    try:
+        cluster.start_job("--fault", "data_stall", "--fault-rank", "3", "--fault-step", "6")
+        verdict = cluster.wait_for(lambda j: j["verdict"] is not None)["verdict"]
+    finally:
+        output = cluster.stop()
+    assert (verdict["kind"], verdict["culprit_ranks"]) == ("MISSING_RANKS", [3])
+    began = float(re.findall(r"fault data_stall at step \d+, time ([\d.]+)", output)[0])
+    assert verdict["detected_at"] - began <= FLOOR_S + 2
 
 
 def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:

@@ -27,7 +27,7 @@ from test_verdict import (
 from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
 from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
 from watchdog.coordinator.verdict import decide
-from watchdog.model import Frame, RankStack, Verdict
+from watchdog.model import Frame, Kind, RankStack, Verdict
 
 STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
 NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"
@@ -42,6 +42,7 @@ INCIDENT_KEYS = [
     "job_id",
     "detected_at",
     "kind",
+    "severity",
     "summary",
     "culprit_ranks",
     "waiting_ranks",
@@ -91,7 +92,7 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
-        "heartbeat_age": 0.2, "phase": "",
+        "heartbeat_age": 0.2, "phase": "", "activity": None,
     }  # fmt: skip
     assert rows[0]["state"] == "WAITING"
     assert rows[0]["last_collective"]["completed"] is False
@@ -100,7 +101,7 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
 
 def test_node_key_only_for_unreachable_nodes() -> None:
     job = data_pipeline()
-    lost = Verdict("NODE_UNREACHABLE", "node-b stopped reporting", (), (), node="node-b")
+    lost = Verdict(Kind.NODE_UNREACHABLE, "node-b stopped reporting", (), (), node="node-b")
     assert list(build_incident(job, lost, "x", T0))[-1] == "node"
     assert build_incident(job, lost, "x", T0)["node"] == "node-b"
     missing = decide(job)

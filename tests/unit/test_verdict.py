@@ -87,7 +87,7 @@ IN_RENDEZVOUS = (
     Frame("init_process_group", f"{SITE}/torch/distributed/distributed_c10d.py", 1899),
     Frame("_time_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 97),
     Frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
-    Frame("TorchPatches._after.<locals>.wrapper", str(PACKAGE / "_hook_torch.py"), 119),
+    Frame("TorchPatches._after.<locals>.wrapper", str(PACKAGE / "hook" / "torch_patches.py"), 119),
     Frame("main", str(PACKAGE / "demo" / "train.py"), 94),
     Frame("<module>", str(PACKAGE / "demo" / "train.py"), 128),
 )

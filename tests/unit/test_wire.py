@@ -8,7 +8,16 @@ from dataclasses import replace
 import pytest
 
 from watchdog.errors import MessageRejectedError
-from watchdog.model import Frame, GroupProgress, NodeReport, RankStack, RankState, StackReply
+from watchdog.model import (
+    Activity,
+    Frame,
+    GroupProgress,
+    NodeReport,
+    RankStack,
+    RankState,
+    StackReply,
+    StackRequest,
+)
 from watchdog.transport import wire as _wire
 from watchdog.transport.proto import watchdog_pb2 as pb
 
@@ -18,7 +27,8 @@ RANK = RankState(
     last_event_at=1764680003.2,
     groups=(GroupProgress("0", (), 57, "all_reduce", 56, 1764680003.2),
             GroupProgress("1", (0, 1), 5, "all_reduce", 4, 1764680001.0)),
-    phase="checkpoint", phase_age=3.5, phase_timeout=600.0)
+    phase="checkpoint", phase_age=3.5, phase_timeout=600.0, progress_age=0.4, gap_p99=0.2,
+    gaps=212, activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0))
 
 
 def through_the_wire(report: NodeReport) -> NodeReport | StackReply:
@@ -28,14 +38,16 @@ def through_the_wire(report: NodeReport) -> NodeReport | StackReply:
 
 def test_node_report_round_trip_keeps_every_field() -> None:
     exited = replace(RANK, rank=3, exited_at=1764680010.0, exit_code=0, clean_exit=True,
-                     proc_state="", heartbeat_age=None)
+                     proc_state="", heartbeat_age=None, progress_age=None,
+                     activity=Activity(5.0, gpu_util=None))
     report = NodeReport("node-a", 1764680011.0, (RANK, exited))
     assert through_the_wire(report) == report
 
 
 def test_stack_reply_round_trip() -> None:
     stack = RankStack(1, 4243, (Frame("read_sample_from_storage", "train.py", 45),),
-                      nccl_log=("node-a:4243:4300 [1] misc/socket.cc:521 NCCL WARN Net : x",))
+                      nccl_log=("node-a:4243:4300 [1] misc/socket.cc:521 NCCL WARN Net : x",),
+                      samples=3, moved=True)
     reply = StackReply(7, "node-a", (stack, RankStack(2, 4244, error="process 4244 has exited")))
     raw = _wire.stacks_to_pb(reply).SerializeToString()
     assert _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw)) == reply
@@ -49,6 +61,9 @@ def test_stack_reply_round_trip() -> None:
     replace(RANK, host="h" * (_wire.MAX_TEXT + 1)),
     replace(RANK, last_event_at=math.nan),
     replace(RANK, heartbeat_age=math.inf),
+    replace(RANK, progress_age=math.nan),
+    replace(RANK, activity=Activity(5.0, main_cpu=math.inf)),
+    replace(RANK, activity=Activity(5.0, write_rate=-1.0)),
     replace(RANK, groups=(GroupProgress("1", (0, -5), 1, "all_reduce", 0, 1.0),)),
     replace(RANK, groups=(GroupProgress("1", (0, 1), 1, "x" * 5000, 0, 1.0),)),
 ])
@@ -67,3 +82,10 @@ def test_too_many_frames_are_rejected() -> None:
 def test_an_empty_message_is_rejected() -> None:
     with pytest.raises(MessageRejectedError):
         _wire.agent_message_from_pb(pb.AgentMessage())
+
+
+def test_stack_requests_ask_for_a_bounded_number_of_samples() -> None:
+    for asked, served in ((0, 1), (3, 3), (1000, _wire.MAX_SAMPLES)):
+        raw = _wire.stack_request_to_pb(StackRequest(9, "job", (0, 1), asked)).SerializeToString()
+        request = _wire.coordinator_message_from_pb(pb.CoordinatorMessage.FromString(raw))
+        assert request == StackRequest(9, "job", (0, 1), served)

@@ -25,7 +25,7 @@ from agent.daemon import Agent
 from watchdog import env as _env
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.errors import ExitCode
 from watchdog.transport import start_server
 
@@ -63,11 +63,14 @@ class _Run:
         self.hang = asyncio.Event()
 
     def on_incident(self, incident: dict[str, Any]) -> None:
+        """Every incident is printed once; only a hang is the report and ends the job."""
         self.incidents.append(incident)
-        if self.options.report_path:
-            write_report(self.options.report_path, incident)
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
+        if not is_hang(incident) or self.hang.is_set():
+            return
+        if self.options.report_path:
+            write_report(self.options.report_path, incident)
         if self.options.on_hang == "kill":
             self.hang.set()
 

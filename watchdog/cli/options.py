@@ -45,12 +45,17 @@ def add_stall_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-k", type=positive_float, default=5.0, metavar="K",
                    help="adaptive threshold = K x p99 progress interval (default 5)")
     p.add_argument("--stall-warmup", type=positive_float, default=60.0, metavar="S",
-                   help="grace while too few progress intervals were seen (default 60)")
+                   help="grace before the first 3 steps, while no progress interval is known "
+                        "(default 60)")
+    p.add_argument("--busy-timeout", type=positive_float, default=600.0, metavar="S",
+                   help="a rank that keeps working (CPU, I/O, a moving stack) while its peers "
+                        "wait is reported busy, and hung only after S seconds (default 600; "
+                        "--stall-timeout does not shorten it)")
 
 
 def stall_policy(args: argparse.Namespace) -> StallPolicy:
     return StallPolicy(floor=args.stall_floor, k=args.stall_k, warmup=args.stall_warmup,
-                       fixed=args.stall_timeout)
+                       fixed=args.stall_timeout, busy_timeout=args.busy_timeout)
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:

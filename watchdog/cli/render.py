@@ -10,15 +10,17 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TextIO
 
-from watchdog.model import RankStatus
+from watchdog.model import RankStatus, Severity
 from watchdog.text import clock, ranks_text
 
 _RESET = "\033[0m"
 _BOLD = "\033[1m"
+_CAUTION = "\033[33m"
 _STATE_COLORS = {
     RankStatus.RUNNING: "\033[32m",
     RankStatus.FINISHED: "\033[32m",
-    RankStatus.WAITING: "\033[33m",
+    RankStatus.WAITING: _CAUTION,
+    RankStatus.BUSY: _CAUTION,
 }
 _ALARM = "\033[31m"  # every other state
 _COLUMNS = ("RANK", "HOST", "PID", "STATE", "STEP", "LAST COLLECTIVE", "HEARTBEAT")
@@ -33,12 +35,12 @@ def use_color(stream: TextIO) -> bool:
 def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     """The incident as `watchdog run` prints it: verdict, rank table, stacks."""
     culprits = incident["culprit_ranks"]
+    severity = incident.get("severity", Severity.HANG)
+    heading = f"{incident['kind']} in job {incident['job_id']} at {clock(incident['detected_at'])}"
+    if severity != Severity.HANG:
+        heading += f" ({severity}: the job is not hung)"
     lines = [
-        _paint(
-            f"{incident['kind']} in job {incident['job_id']} at {clock(incident['detected_at'])}",
-            _BOLD + _ALARM,
-            color,
-        ),
+        _paint(heading, _BOLD + (_ALARM if severity == Severity.HANG else _CAUTION), color),
         _paint(incident["summary"], _BOLD, color),
     ]
     if incident.get("node"):
@@ -96,7 +98,8 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     culprits = verdict["culprit_ranks"] if verdict else ()
     lines = [_paint(header, _BOLD, color), rank_table(job["ranks"], culprits, color)]
     if verdict:
-        lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + _ALARM, color))
+        alarm = _ALARM if verdict.get("severity", Severity.HANG) == Severity.HANG else _CAUTION
+        lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + alarm, color))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from watchdog.model import (
     JobSnapshot,
     RankStack,
     RankState,
+    is_native_file,
 )
 
 HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
@@ -30,16 +31,32 @@ _STOPPED_STATES = frozenset("T")
 _LIBRARY_PATH = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib(64)?[/\\]python[\d.]*[/\\]|^<")
 _OWN_DIR = str(Path(__file__).parents[1]) + os.sep  # a checkout's hook wrappers sit here...
 _DEMO_DIR = _OWN_DIR + "demo" + os.sep  # ...and the demo's train.py, which plays user code
+_HOOK_DIR = _OWN_DIR + "hook" + os.sep
 _COLLECTIVE_FUNCTIONS = frozenset(
     {
         "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
         "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
         "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
         "scatter_object_list", "barrier", "monitored_barrier", "send", "recv",
+        # torch 2.13's names, which FSDP2 calls from its Python hooks
+        "all_gather_single", "reduce_scatter_single",
         # DDP's gradient all-reduce runs inside the autograd engine: its waiters sit here.
         "run_backward", "_engine_run_backward",
     }
 )  # fmt: skip
+# Where a rank waits for its GPU: a CUDA wait spins on the CPU, so CPU time there is no progress.
+_DEVICE_WAIT_FUNCTIONS = frozenset(
+    {
+        "synchronize", "wait_stream", "wait_event", "item", "_local_scalar_dense",
+        "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+        "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+    }
+)  # fmt: skip
+# A rank shows progress above these; every hung rank measured at exactly zero
+# (tests/bench/agent_report.py prints what each workload looks like).
+BUSY_MAIN_CPU = 0.05  # cores used by the main thread
+BUSY_PROCESS_CPU = 0.10  # cores used by the whole process (a writer thread, say)
+BUSY_IO_RATE = 64 * 1024  # bytes/s read or written
 _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
 
 
@@ -57,10 +74,7 @@ def _is_library_file(file: str) -> bool:
     return own or _LIBRARY_PATH.search(file) is not None or _is_native_file(file)
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_native_file(file: str) -> bool:
-    """A shared object (libc.so.6, libtorch_cpu.so) or an unknown one: not Python source."""
-    return not file.endswith((".py", ".pyw")) and not file.startswith("<")
+_is_native_file = functools.lru_cache(maxsize=4096)(is_native_file)
 
 
 def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
@@ -70,6 +84,13 @@ def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
     if all(not _is_native_file(f.file) for f in frames):
         return frames
     return tuple(f for f in frames if not _is_native_file(f.file))
+
+
+def top_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost Python frame that is not the hook's own wrapper around a torch call."""
+    frames = python_frames(frames) or frames
+    return next((f for f in frames if not f.file.startswith(_HOOK_DIR)),
+                frames[0] if frames else None)
 
 
 def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
@@ -90,6 +111,49 @@ def _is_collective(frame: Frame) -> bool:
     return frame.function in _COLLECTIVE_FUNCTIONS or frame.file.endswith("distributed_c10d.py")
 
 
+def waits_on_device(frames: Sequence[Frame]) -> bool:
+    """Whether the innermost frames wait for a collective or the GPU, where NCCL and CUDA spin."""
+    return any(f.function in _DEVICE_WAIT_FUNCTIONS or _is_collective(f)
+               for f in frames[:_COLLECTIVE_DEPTH])
+
+
+def progress_sign(rank: RankState, stack: RankStack | None) -> str:
+    """What shows that a live rank is working though its job stalled ('writing 41 MB/s'), or ''.
+
+    A stack that moved between samples is Python running. CPU counts only outside a wait for
+    the GPU or a collective, where CUDA and NCCL spin. Reading or writing counts even inside one
+    function: a checkpoint writer loops in one. A stopped process shows nothing.
+    """
+    if not rank.alive or is_stopped(rank, stack):
+        return ""
+    signs = []
+    work = rank.activity
+    if work.window:
+        for verb, rate in (("reading", work.read_rate), ("writing", work.write_rate)):
+            if rate >= BUSY_IO_RATE:
+                signs.append(f"{verb} {rate / 1e6:.1f} MB/s" if rate < 1e9
+                             else f"{verb} {rate / 1e9:.1f} GB/s")
+        spinning = stack is not None and waits_on_device(stack.frames)
+        computing = work.main_cpu >= BUSY_MAIN_CPU or work.process_cpu >= BUSY_PROCESS_CPU
+        if computing and not spinning:
+            signs.append(f"using {max(work.main_cpu, work.process_cpu):.0%} of a core")
+    if work.gpu_util:
+        signs.append(f"its GPU {work.gpu_util:.0f}% busy")
+    if stack is not None and stack.moved:
+        signs.append("its Python stack moving")
+    return ", ".join(signs)
+
+
+def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:
+    """'train.py:save_checkpoint': where the first culprit with a stack is stuck, or ''."""
+    for rank in culprits:
+        stack = snapshot.stacks.get(rank)
+        frame = stuck_frame(stack.frames) if stack is not None else None
+        if frame is not None:
+            return f"{frame.file}:{frame.function}"
+    return ""
+
+
 def frame_site(frame: Frame) -> str:
     """'train.py:42'."""
     return f"{PurePath(frame.file).name}:{frame.line}"
@@ -101,9 +165,13 @@ def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
 
 
 def wedge_reason(rank: RankState, stack: RankStack | None) -> str:
-    """Why a live process cannot be making progress ('is stopped (state T)'), or ''."""
+    """Why a live process cannot be making progress ('is stopped (state T)'), or ''. A process
+    in D state or with a stale heartbeat that shows progress (an fsync, native code working
+    while it holds the GIL) is busy, not wedged."""
     if is_stopped(rank, stack):
         return f"is stopped (state {rank.proc_state or 'T'})"
+    if progress_sign(rank, stack):
+        return ""
     if rank.alive and rank.proc_state == "D":
         return "is in uninterruptible sleep (state D)"
     age = rank.heartbeat_age
@@ -248,6 +316,10 @@ class StallView:
     def waiters(self, excluding: Iterable[int] = ()) -> tuple[int, ...]:
         skip = set(excluding)
         return tuple(r for r in self.alive if r not in skip and self.waiting(r))
+
+    def progress(self, rank: int) -> str:
+        """What shows that the rank works (see `progress_sign`), or ''."""
+        return progress_sign(self.alive[rank], self.snapshot.stacks.get(rank))
 
     def blameable(self, rank: int) -> bool:
         """Neither waiting in a collective nor inside a phase that still has time left."""

@@ -13,7 +13,9 @@ from watchdog.coordinator.evidence import (
     furthest_entered,
     is_library_frame,
     is_stopped,
+    progress_sign,
     python_frames,
+    top_frame,
     waits_in_collective,
     wedge_reason,
 )
@@ -34,6 +36,7 @@ def build_incident(
         "job_id": snapshot.job_id,
         "detected_at": detected_at,
         "kind": verdict.kind,
+        "severity": verdict.severity,
         "summary": verdict.summary,
         "culprit_ranks": list(verdict.culprit_ranks),
         "waiting_ranks": list(verdict.waiting_ranks),
@@ -71,7 +74,9 @@ def _rank_state(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, i
         return RankStatus.WEDGED
     if waits_in_collective(rank, stack, furthest):
         return RankStatus.WAITING
-    return RankStatus.STALLED if snapshot.stalled else RankStatus.RUNNING
+    if not snapshot.stalled:
+        return RankStatus.RUNNING
+    return RankStatus.BUSY if progress_sign(rank, stack) else RankStatus.STALLED
 
 
 def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
@@ -115,7 +120,18 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "exit_code": rank.exit_code,
         "heartbeat_age": rank.heartbeat_age,
         "phase": rank.phase,
+        "activity": _activity(rank),
     }
+
+
+def _activity(rank: RankState) -> dict[str, Any] | None:
+    """The /proc (and NVML) evidence behind BUSY and STALLED; None where none was measured."""
+    work = rank.activity
+    if not work.window:
+        return None
+    return {"window": round(work.window, 2), "main_cpu": round(work.main_cpu, 3),
+            "process_cpu": round(work.process_cpu, 3), "read_rate": round(work.read_rate),
+            "write_rate": round(work.write_rate), "gpu_util": work.gpu_util}
 
 
 def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:
@@ -135,6 +151,6 @@ def _last_collective(rank: RankState) -> dict[str, Any] | None:
 
 
 def _frame_text(stack: RankStack) -> str:
-    """'all_reduce (distributed_c10d.py:2950)': the innermost Python frame."""
-    frame = (python_frames(stack.frames) or stack.frames)[0]
-    return f"{frame.function} ({frame_site(frame)})"
+    """'all_reduce (distributed_c10d.py:2950)': the innermost Python frame, not the hook's."""
+    frame = top_frame(stack.frames)
+    return "" if frame is None else f"{frame.function} ({frame_site(frame)})"

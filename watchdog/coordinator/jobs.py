@@ -7,9 +7,15 @@ from typing import Any
 
 from watchdog.coordinator.evidence import python_frames
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
-from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState
+from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState, Severity
 
 WARM_EVENTS = 8
+PACED_STEPS = 3  # a hook's own gaps count once its rank finished this many steps
+LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expected to take this x S
+
+
+def is_hang(incident: dict[str, Any]) -> bool:
+    return bool(incident.get("severity", Severity.HANG) == Severity.HANG)
 
 
 @dataclass
@@ -24,6 +30,14 @@ class JobView:
     # Stacks-only jobs (no hook) progress when their stacks change between two looks.
     stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
     probe_progress: int = 0
+    hung_before: bool = False  # a hang incident was reported, now or earlier
+    # The current stall: not judged again before `hold_until`; `busy` once ranks were seen
+    # working through it; `place` where its culprits were, to learn how long it lasts there.
+    hold_until: float = 0.0
+    busy: bool = False
+    place: str = ""
+    # Code places where a stall ended by itself, and how long it lasted at most.
+    learned: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -37,8 +51,12 @@ class JobView:
         self._unjoined = 0  # hooked ranks in no process group yet
         self._in_phase: set[int] = set()
         self._started = False
+        self._progress_at: float | None = None  # the latest progress any hook stamped
+        self._paces: dict[int, float] = {}  # rank -> its hook's p99 gap, once paced
+        self._pace: float | None = None  # their maximum; None until recomputed
 
-    def update(self, node: str, state: RankState) -> None:
+    def update(self, node: str, state: RankState, received: float | None = None) -> None:
+        """Take a rank's state from a report that arrived at `received` (None: unknown)."""
         previous = self.ranks.get(state.rank)
         if previous is not None:
             self._count(previous, -1)
@@ -46,6 +64,23 @@ class JobView:
         self.world_size = max(self.world_size, state.world_size)
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
+        if received is not None and state.progress_age is not None:
+            at = received - state.progress_age  # the agent measured the age on its own clock
+            self._progress_at = at if self._progress_at is None else max(self._progress_at, at)
+        paced = state.hooked and state.steps >= PACED_STEPS and state.gaps > 0
+        if self._paces.get(state.rank) != (state.gap_p99 if paced else None):
+            if paced:
+                self._paces[state.rank] = state.gap_p99
+            else:
+                self._paces.pop(state.rank, None)
+            self._pace = None
+
+    @property
+    def hook_p99(self) -> float | None:
+        """The slowest paced rank's own p99 gap between progress; None before any is paced."""
+        if self._pace is None and self._paces:
+            self._pace = max(self._paces.values())
+        return self._pace
 
     def _count(self, state: RankState, sign: int) -> None:
         self._events += sign * state.events
@@ -103,13 +138,31 @@ class JobView:
     def observe(self, now: float) -> None:
         if not self.started:
             return
-        self.tracker.observe(self.events_total(), now)
-        if self.incident_open and self.events_total() != self.incident_events:
+        total, quiet = self.events_total(), self.tracker.stalled_for(now)
+        if self.tracker.observe(total, now, self._progress_at, warm=not self._warming):
+            self._progress_resumed(quiet)
+        if self.incident_open and total != self.incident_events:
             self.incident_events = -1  # progress resumed: the next stall is a new incident
+
+    def _progress_resumed(self, lasted: float) -> None:
+        """A stall that ended by itself: how long it lasted where its culprits were is what the
+        next stall there may last (a checkpoint, an evaluation) before it is called anything."""
+        if self.place:
+            self.learned[self.place] = max(self.learned.get(self.place, 0.0), lasted)
+        self.hold_until, self.busy, self.place = 0.0, False, ""
+
+    def expected(self, place: str) -> float:
+        """How long a stall at `place` may last, from the stalls there that ended by themselves."""
+        return LEARNED_MARGIN * self.learned.get(place, 0.0)
 
     @property
     def incident_open(self) -> bool:
         return self.incident is not None and self.incident_events >= 0
+
+    @property
+    def hung(self) -> bool:
+        """A hang incident is open: nothing more to judge until progress resumes."""
+        return self.incident is not None and self.incident_open and is_hang(self.incident)
 
     @property
     def done(self) -> bool:
@@ -123,24 +176,26 @@ class JobView:
 
     def needs_judgement(self, now: float) -> bool:
         """A rank left, or the job stalled: only then is a full snapshot worth building."""
-        return (self._exited > 0
-                or self.tracker.is_stalled(now, phase_timeout=self.grace()))
+        return self._exited > 0 or self.stalled(now)
+
+    def stalled(self, now: float) -> bool:
+        return self.tracker.is_stalled(now, phase_timeout=self.grace(), hook_p99=self.hook_p99)
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
                  unreachable_nodes: tuple[str, ...] = ()) -> JobSnapshot:
         return JobSnapshot(
             job_id=self.job_id, world_size=self.world_size, now=now,
-            stalled_for=self.tracker.stalled_for(now),
-            stalled=self.tracker.is_stalled(now, phase_timeout=self.grace()),
+            stalled_for=self.tracker.stalled_for(now), stalled=self.stalled(now),
             ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {},
-            rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes)
+            rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes,
+            busy_timeout=self.policy.busy_timeout)
 
     def state(self, now: float) -> JobState:
         if self.ranks and self.everyone_left:
             clean = all(r.clean_exit and r.exit_code == 0 for r in self.ranks.values())
-            return JobState.FINISHED if clean and self.incident is None else JobState.FAILED
+            return JobState.FINISHED if clean and not self.hung_before else JobState.FAILED
         if self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED:
             return JobState.FAILED
-        if self.incident_open:
+        if self.hung:
             return JobState.HUNG
-        return JobState.STALLED if self.snapshot(now).stalled else JobState.RUNNING
+        return JobState.STALLED if self.stalled(now) and not self.busy else JobState.RUNNING

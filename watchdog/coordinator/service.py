@@ -17,17 +17,29 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.coordinator.evidence import culprit_place
 from watchdog.coordinator.incident import build_incident, rank_rows
-from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
-from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
+from watchdog.model import (
+    JobSnapshot,
+    Kind,
+    NodeReport,
+    RankStack,
+    Severity,
+    StackReply,
+    StackRequest,
+    Verdict,
+)
 from watchdog.transport.rpc import AgentMessage, AgentSession
 
 log = logging.getLogger(__name__)
 
 STACK_WAIT_S = 10.0
+STACK_SAMPLES = 3  # stacks of each rank when a job stalled: does its Python move?
+RECHECK_S = 10.0  # a stall whose ranks work is looked at again after this long
 MAX_JOBS = 4096
 NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
@@ -90,7 +102,7 @@ class Coordinator:
                     continue
                 job = self.jobs[state.job_id] = JobView(state.job_id, self.policy)
                 log.info("new job %s (world size %d)", state.job_id, state.world_size)
-            job.update(report.node, state)
+            job.update(report.node, state, now)
 
     def job_status(self, job: JobView, now: float) -> dict[str, Any]:
         verdict = job.incident if job.incident_open or job.done else None
@@ -132,43 +144,74 @@ class Coordinator:
         tasks = []
         for job in self.jobs.values():
             job.observe(now)
-            if job.evaluating or job.incident_open or (job.incident is not None and job.done):
+            if job.evaluating or job.hung or (job.incident is not None and job.done):
                 continue
-            if not job.needs_judgement(now):
+            if now < job.hold_until or not job.needs_judgement(now):
                 continue
             unreachable = self._unreachable(job, now)
             if unreachable is None:
                 continue  # a node missed a few reports: its ranks' state is not known yet
-            if decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
+            # A stall is always looked at with stacks: CPU time alone can be a spinning wait.
+            stalled = job.stalled(now)
+            if stalled or decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
                 job.evaluating = True
-                tasks.append(asyncio.create_task(self._diagnose(job, unreachable)))
+                tasks.append(asyncio.create_task(self._diagnose(job, unreachable, stalled)))
         return tasks
 
-    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...]) -> None:
+    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool) -> None:
         try:
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
-            stacks = await self.gather_stacks(job, live)
+            # Several stacks a rank, to see whether Python moves; one where a rank just exited.
+            stacks = await self.gather_stacks(job, live, STACK_SAMPLES if stalled else 1)
             now = time.time()
             snapshot = job.snapshot(now, stacks, unreachable)
             verdict = decide(snapshot)
-            if verdict is None:
-                return  # progress resumed while the stacks were taken
+            if verdict is None:  # progress resumed, or every rank works: look again later
+                job.busy, job.hold_until = snapshot.stalled, now + RECHECK_S
+                return
             if job.stacks_only and job.stacks_moved(stacks):
                 return  # no hook: a changed stack was the only sign of progress, and here it is
-            incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
-            stored = self.stored_twin(incident)
-            job.incident, job.incident_events = stored or incident, job.events_total()
-            if stored is not None:
-                log.info("incident %s was stored before a restart; not repeating it", stored["id"])
-                return
-            self.store.add(incident)
-            log.info("incident %s: %s", incident["id"], incident["summary"])
-            for listener in self.listeners:
-                listener(incident)
+            if not self._hold(job, snapshot, verdict, now):
+                self._report(job, snapshot, verdict, now)
         except Exception:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
             job.evaluating = False
+
+    @staticmethod
+    def _hold(job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> bool:
+        """Whether to say nothing now, and when to look again: a stall where an earlier one
+        ended by itself, that has not lasted as long yet; a notice already said."""
+        if verdict.kind is Kind.RANK_EXITED:
+            return False
+        job.place = culprit_place(snapshot, verdict.culprit_ranks)
+        expected = job.expected(job.place)
+        if snapshot.stalled_for < expected:
+            job.hold_until = now + expected - snapshot.stalled_for
+            log.info("job %s: a stall at %s ended by itself after %.0f s before; waiting",
+                     job.job_id, job.place, expected / LEARNED_MARGIN)
+            return True
+        if verdict.severity is not Severity.HANG:  # again soon, and when the busy timeout passes
+            job.busy = True
+            job.hold_until = now + min(RECHECK_S, snapshot.busy_timeout - snapshot.stalled_for)
+            announced = job.incident if job.incident_open else None  # a notice is said once
+            return announced is not None and (announced["kind"], announced["culprit_ranks"]) == (
+                verdict.kind, list(verdict.culprit_ranks))
+        return False
+
+    def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> None:
+        """Store the incident, then tell the listeners, once."""
+        incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
+        stored = self.stored_twin(incident)
+        job.incident, job.incident_events = stored or incident, job.events_total()
+        job.hung_before = job.hung_before or is_hang(incident)
+        if stored is not None:
+            log.info("incident %s was stored before a restart; not repeating it", stored["id"])
+            return
+        self.store.add(incident)
+        log.info("incident %s: %s", incident["id"], incident["summary"])
+        for listener in self.listeners:
+            listener(incident)
 
     def stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
         """The stored incident of the same hang (job, kind, culprits, collective), if any: a
@@ -180,8 +223,10 @@ class Coordinator:
         stored: dict[str, Any] = json.loads(latest)
         return stored if all(stored[k] == incident[k] for k in key) else None
 
-    async def gather_stacks(self, job: JobView, ranks: tuple[int, ...]) -> dict[int, RankStack]:
-        """Ask each node's agent for its ranks' stacks; wait a bounded time for each."""
+    async def gather_stacks(self, job: JobView, ranks: tuple[int, ...],
+                            samples: int = 1) -> dict[int, RankStack]:
+        """Ask each node's agent for its ranks' stacks (`samples` each, spread over about a
+        second); wait a bounded time for each."""
         by_node: dict[str, list[int]] = {}
         for rank in ranks:
             by_node.setdefault(job.nodes.get(rank, ""), []).append(rank)
@@ -193,7 +238,7 @@ class Coordinator:
             request_id = next(self._request_ids)
             future: asyncio.Future[StackReply] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = future
-            session.outbox.put_nowait(StackRequest(request_id, job.job_id, local))
+            session.outbox.put_nowait(StackRequest(request_id, job.job_id, local, samples))
             futures.append((request_id, future))
         if futures:
             await asyncio.wait([f for _, f in futures], timeout=STACK_WAIT_S)

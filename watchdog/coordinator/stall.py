@@ -1,9 +1,12 @@
 """Adaptive stall detection for one job (runs in the coordinator; pure: time is an argument).
 
 A job is stalled when its ranks' total event count has not changed for longer than
-`max(floor, k * p99 of the recent gaps between changes)`. Until `min_samples` gaps are known the
-job gets the longer warm-up grace (start-up, compilation and the first steps are slow); a declared
-phase stretches the threshold to its own timeout; `fixed` (--stall-timeout) overrides it all.
+`max(floor, k * p99 of the gaps between changes)`. The gaps come from two places: the ones the
+coordinator sees between reports, and the ones each rank's hook measures by its own clock from
+its first optimizer step on (`hook_p99`), which are real after a few steps. Until either is known
+the job gets the longer warm-up grace; a declared phase stretches the threshold to its own
+timeout; `fixed` (--stall-timeout) overrides it all. A change is dated by the hook's own stamp
+where it has one (`progress_at`), so a report's delay does not delay the stall.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class StallPolicy:
     fixed: float | None = None
     min_samples: int = 8
     window: int = 512  # gaps kept: a few minutes of a training loop
+    busy_timeout: float = 600.0  # a rank that keeps working while its peers wait: hung after
 
 
 class ProgressTracker:
@@ -31,33 +35,47 @@ class ProgressTracker:
         self._gaps: deque[float] = deque(maxlen=policy.window)
         self._events: int | None = None
         self._changed_at: float | None = None
+        self._warm = False  # whether the job was past start-up at the last change
 
-    def observe(self, events_total: int, now: float) -> None:
-        """Record the job's total event count as of `now`."""
+    def observe(self, events_total: int, now: float, progress_at: float | None = None,
+                warm: bool = True) -> bool:
+        """Record the job's total event count as of `now`; `progress_at`, when known, is when the
+        ranks' hooks last saw it change, by their own clocks (never later than `now`). A gap
+        that began before the job was `warm` is start-up, not the job's pace: it is not kept.
+        Returns whether the count changed."""
         if events_total == self._events:
-            return
-        if self._changed_at is not None:
-            self._gaps.append(now - self._changed_at)
-        self._events, self._changed_at = events_total, now
+            return False
+        changed_at = now
+        if progress_at is not None and (self._changed_at is None or progress_at > self._changed_at):
+            changed_at = min(now, progress_at)
+        if self._changed_at is not None and self._warm:
+            self._gaps.append(changed_at - self._changed_at)
+        self._events, self._changed_at, self._warm = events_total, changed_at, warm
+        return True
 
-    def threshold(self, phase_timeout: float = 0.0) -> float:
-        """Seconds without progress after which the job counts as stalled."""
+    def threshold(self, phase_timeout: float = 0.0, hook_p99: float | None = None) -> float:
+        """Seconds without progress after which the job counts as stalled; `hook_p99` is the
+        slowest rank's own p99 gap, once its hook has measured enough of them."""
         policy = self.policy
+        known = [_p99(self._gaps)] if len(self._gaps) >= policy.min_samples else []
+        if hook_p99 is not None:
+            known.append(hook_p99)
         if policy.fixed is not None:
             base = policy.fixed
-        elif len(self._gaps) < policy.min_samples:
+        elif not known:
             base = max(policy.floor, policy.warmup)
         else:
-            base = max(policy.floor, policy.k * _p99(self._gaps))
+            base = max(policy.floor, policy.k * max(known))
         return max(base, phase_timeout)
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the event count last changed (0 before the first observation)."""
         return 0.0 if self._changed_at is None else max(0.0, now - self._changed_at)
 
-    def is_stalled(self, now: float, phase_timeout: float = 0.0) -> bool:
+    def is_stalled(self, now: float, phase_timeout: float = 0.0,
+                   hook_p99: float | None = None) -> bool:
         seen = self._changed_at is not None
-        return seen and self.stalled_for(now) >= self.threshold(phase_timeout)
+        return seen and self.stalled_for(now) >= self.threshold(phase_timeout, hook_p99)
 
 
 def _p99(gaps: deque[float]) -> float:

@@ -1,7 +1,8 @@
 """Verdict engine: names the rank that hung a job, and why (runs in the coordinator).
 
 `decide` is a pure function of one JobSnapshot. RANK_EXITED is decided at any time; the other
-kinds only once the job is stalled, tried in docs/design.md's priority order. Group reasoning
+kinds only once the job is stalled, tried in docs/design.md's priority order, and then tiered:
+a culprit that shows progress is busy (RANK_BUSY, a notice) until the busy timeout. Group reasoning
 compares sequence numbers, which every member of a process group counts identically; ranks that
 report no group (no hook, or before init_process_group returns) are judged by their stacks
 alone.
@@ -26,6 +27,7 @@ Ties, so that one snapshot always gives one verdict:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from watchdog.coordinator.evidence import (
@@ -38,6 +40,7 @@ from watchdog.coordinator.evidence import (
     wedge_reason,
 )
 from watchdog.coordinator.wording import (
+    busy_text,
     collective_text,
     culprits_text,
     group_text,
@@ -52,18 +55,54 @@ _Side = TypeVar("_Side")
 
 
 def decide(snapshot: JobSnapshot) -> Verdict | None:
-    """The verdict for one job at one instant, or None when nothing is wrong (yet)."""
+    """The verdict for one job at one instant; None when nothing is wrong (yet), or when every
+    live rank works outside any collective (a long phase everywhere, until the busy timeout)."""
     exited = _rank_exited(snapshot)
     if exited is not None or not snapshot.stalled:
         return exited
     job = StallView.of(snapshot)
     if not job.alive:
         return None
-    for rule in _STALL_RULES:
-        verdict = rule(job)
-        if verdict is not None:
-            return verdict
-    return None
+    found = next((v for v in (rule(job) for rule in _STALL_RULES) if v is not None), None)
+    if found is None and any(in_open_phase(rank) for rank in job.alive.values()):
+        return None  # a rank said it would be busy this long (`watchdog.phase`)
+    return _tiered(job, found or _unexplained(job))
+
+
+# --- hung or busy ----------------------------------------------------------------------------
+
+
+def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
+    """A hang verdict stands only when its culprits show no progress. A culprit that works
+    while its peers wait is busy (RANK_BUSY, a notice) until the busy timeout; when every live
+    rank works outside any collective, the job is in a long phase and nothing is reported."""
+    busy = {r: sign for r in hang.culprit_ranks if r in job.alive and (sign := job.progress(r))}
+    if not busy:
+        return hang
+    stalled_for = job.snapshot.stalled_for
+    if stalled_for >= job.snapshot.busy_timeout:
+        first = next(iter(busy))
+        return replace(hang, summary=f"{hang.summary}; {ranks_text(busy)} kept working "
+                                     f"({busy[first]}) for {stalled_for:.0f} s, past the busy "
+                                     "timeout")
+    if not hang.waiting_ranks and all(r in busy or job.progress(r) for r in job.alive):
+        return None
+    summary = busy_text(job, busy)
+    idle = [r for r in hang.culprit_ranks if r not in busy]
+    if idle:
+        summary += f"; {ranks_text(idle)} made no progress outside any collective"
+    if hang.waiting_ranks:
+        summary += f"; {waiters_text(job, hang.waiting_ranks)}"
+    return Verdict(Kind.RANK_BUSY, summary, tuple(busy), hang.waiting_ranks, hang.collective)
+
+
+def _unexplained(job: StallView) -> Verdict:
+    """A stall no rule explains is still reported, with what is known: silence is no verdict."""
+    waiters = job.waiters()
+    summary = (f"no rank made progress for {job.snapshot.stalled_for:.0f} s and the evidence "
+               "names no culprit")
+    return Verdict(Kind.RANK_STALLED, summary + (f"; {waiters_text(job, waiters)}"
+                                                 if waiters else ""), (), waiters)
 
 
 # --- RANK_EXITED ---------------------------------------------------------------------------

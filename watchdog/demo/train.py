@@ -10,6 +10,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -19,11 +20,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
-          "nccl_peer_closed", "lock_after_backward")
+          "nccl_peer_closed", "lock_after_backward", "evaluate_all", "checkpoint", "livelock")
+# Healthy long phases every rank of the job takes part in, at the fault step.
+EVERY_RANK = ("subgroup", "evaluate_all", "checkpoint")
 
 
 class Progress:
     step = 0
+    ready = False
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -42,7 +46,14 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 def read_sample_from_storage(index: int) -> None:
     """Stands for a read from a network filesystem that never returns."""
+    announce("data_stall")
     time.sleep(3600)
+
+
+def announce(fault: str) -> None:
+    """When the fault began, for the tests that time its diagnosis."""
+    print(f"fault {fault} at step {Progress.step}, time {time.time():.3f}", file=sys.stderr,
+          flush=True)
 
 
 _metrics_lock = threading.Lock()
@@ -67,6 +78,34 @@ def load_shard() -> None:
 def evaluate() -> None:
     """A legitimately slow step that every rank takes at the same time."""
     time.sleep(1.5)
+
+
+def evaluate_for(model: torch.nn.Module, seconds: float) -> None:
+    """A long evaluation: forward passes on the CPU, no collective, for `seconds`."""
+    batch = torch.randn(256, 8)
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model(batch).sum().item()
+
+
+def write_checkpoint(seconds: float) -> None:
+    """A long checkpoint: steady, synced writes of 1 MB chunks for `seconds`."""
+    chunk = os.urandom(1 << 20)
+    end = time.monotonic() + seconds
+    with tempfile.TemporaryFile() as out:
+        while time.monotonic() < end:
+            out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+            if out.tell() > 256 << 20:
+                out.seek(0)
+
+
+def spin_until_ready() -> None:
+    """A livelock: waits, burning a core, for a flag that nothing will set."""
+    while not Progress.ready:
+        pass
 
 
 def write_nccl_debug_lines(local_rank: int, peer_closed: bool) -> None:
@@ -101,18 +140,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
+    parser.add_argument("--fault-seconds", type=float, default=30.0,
+                        help="how long evaluate_all and checkpoint take")
+    parser.add_argument("--slow-start", type=float, default=0.0, metavar="S",
+                        help="every rank computes for S seconds before its first step, as a "
+                             "compiling or warming-up job does")
     return parser.parse_args(argv)
 
 
-def inject(fault: str, rank: int, step: int, subgroup: dist.ProcessGroup | None,
-           exit_code: int) -> None:
-    if fault == "lock":
+def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
+           subgroup: dist.ProcessGroup | None) -> None:
+    fault, step = args.fault, args.fault_step
+    if fault in ("evaluate_all", "checkpoint", "livelock"):
+        announce(fault)
+    if fault == "evaluate_all":
+        evaluate_for(model, args.fault_seconds)
+    elif fault == "checkpoint":
+        if rank == args.fault_rank:
+            write_checkpoint(args.fault_seconds)
+        dist.barrier()
+    elif fault == "livelock":
+        spin_until_ready()
+    elif fault == "lock":
         update_metrics()
     elif fault == "barrier":
         save_checkpoint()
     elif fault == "early_exit":
         print(f"rank {rank}: leaving early at step {step}", flush=True)
-        sys.exit(exit_code)
+        sys.exit(args.exit_code)
     elif fault == "subgroup" and rank == 0:
         dist.all_reduce(torch.ones(1), group=subgroup)
     elif fault == "subgroup" and rank == 1:
@@ -134,6 +189,7 @@ def main(argv: list[str]) -> int:
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    evaluate_for(model, args.slow_start)
     step, epoch = 0, 0
     while step < args.steps:
         sampler.set_epoch(epoch)
@@ -141,8 +197,8 @@ def main(argv: list[str]) -> int:
             Progress.step = step
             if args.fault == "slow_steps" and step % 3 == 1:
                 evaluate()
-            if step == args.fault_step and (rank == args.fault_rank or args.fault == "subgroup"):
-                inject(args.fault, rank, step, subgroup, args.exit_code)
+            if step == args.fault_step and (rank == args.fault_rank or args.fault in EVERY_RANK):
+                inject(args, rank, model, subgroup)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()

@@ -28,6 +28,7 @@ from watchdog.beacon import (
     Entered,
     Identity,
 )
+from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
 
@@ -40,6 +41,7 @@ class Recorder:
         "_completed",
         "_entered",
         "_manual_steps",
+        "_pace",
         "_pending",
         "_phase",
         "_steps",
@@ -69,6 +71,7 @@ class Recorder:
         self._steps = 0
         self._manual_steps = False
         self._phase = NO_PHASE
+        self._pace = PaceTracker()  # fed by each publish
 
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
@@ -146,8 +149,12 @@ class Recorder:
         try:
             # completed is copied first: a copy of entered taken after it is never behind it
             completed = self._completed.copy()
+            entered = self._entered[:]
+            steps = self._steps
             now = time.time()
-            self.writer.publish(self._steps, self._entered[:], completed, now)
+            events = steps + sum(seq for seq, _, _ in entered) + sum(completed.values())
+            pace = self._pace.observe(events, steps, now)
+            self.writer.publish(steps, entered, completed, now, pace)
             self.writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

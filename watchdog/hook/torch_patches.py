@@ -24,6 +24,9 @@ COLLECTIVES = (
     "all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
     "all_to_all_single", "gather", "scatter", "broadcast_object_list", "monitored_barrier",
+    "gather_object", "scatter_object_list", "all_gather_coalesced", "all_reduce_coalesced",
+    # torch 2.13's names for the two above `_tensor` ones, which FSDP2 calls from its hooks
+    "all_gather_single", "reduce_scatter_single",
 )
 # Point-to-point calls count on a slot of their own per pair of ranks: counted on the group,
 # they would put the members that take no part in them behind by one. Name -> its peer's
@@ -103,8 +106,10 @@ class TorchPatches:
             return
         self._dist = dist
         for name in COLLECTIVES:
-            if hasattr(c10d, name):
-                self._replace(dist, c10d, name, self._collective(getattr(c10d, name), c10d))
+            original = getattr(c10d, name, None)
+            # A torch whose function takes no group is one this hook does not know: left alone.
+            if original is not None and "group" in inspect.signature(original).parameters:
+                self._replace(dist, c10d, name, self._collective(original, c10d))
         for name, (peer, group_peer, asynchronous) in P2P.items():
             if hasattr(c10d, name):
                 wrapper = self._p2p(getattr(c10d, name), c10d, peer, group_peer, asynchronous)

@@ -10,6 +10,8 @@ import math
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
+    NO_ACTIVITY,
+    Activity,
     Frame,
     GroupProgress,
     NodeReport,
@@ -25,6 +27,7 @@ MAX_TEXT = 4096
 MAX_RANK = 1 << 20
 MAX_FRAMES = 512
 MAX_LOG_LINES = 200
+MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 
 
 def _text(value: str, what: str) -> str:
@@ -73,19 +76,43 @@ def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
                          completed_seq=m.completed_seq, entered_at=entered_at)
 
 
+def activity_to_pb(a: Activity) -> pb.Activity:
+    m = pb.Activity(window=a.window, main_cpu=a.main_cpu, process_cpu=a.process_cpu,
+                    read_rate=a.read_rate, write_rate=a.write_rate)
+    if a.gpu_util is not None:
+        m.gpu_util = a.gpu_util
+    return m
+
+
+def activity_from_pb(m: pb.Activity) -> Activity:
+    gpu = m.gpu_util if m.HasField("gpu_util") else None
+    values = (m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu or 0.0)
+    _check_times(sum(values))
+    if min(values) < 0:
+        raise MessageRejectedError("a negative activity rate")
+    if not m.window:
+        return NO_ACTIVITY
+    return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu)
+
+
 def rank_to_pb(r: RankState) -> pb.RankState:
     m = pb.RankState(
         job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
         host=r.host, pid=r.pid, hooked=r.hooked, proc_state=r.proc_state, steps=r.steps,
         events=r.events, last_event_at=r.last_event_at,
         groups=[group_to_pb(g) for g in r.groups], phase=r.phase, phase_age=r.phase_age,
-        phase_timeout=r.phase_timeout, clean_exit=r.clean_exit)
+        phase_timeout=r.phase_timeout, clean_exit=r.clean_exit, gap_p99=r.gap_p99,
+        gaps=r.gaps)
     if r.heartbeat_age is not None:
         m.heartbeat_age = r.heartbeat_age
     if r.exited_at is not None:
         m.exited_at = r.exited_at
     if r.exit_code is not None:
         m.exit_code = r.exit_code
+    if r.progress_age is not None:
+        m.progress_age = r.progress_age
+    if r.activity.window:
+        m.activity.CopyFrom(activity_to_pb(r.activity))
     return m
 
 
@@ -100,16 +127,19 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     _check_texts(job_id, host, proc_state, phase)
     heartbeat_age = m.heartbeat_age if m.HasField("heartbeat_age") else None
     exited_at = m.exited_at if m.HasField("exited_at") else None
+    progress_age = m.progress_age if m.HasField("progress_age") else None
     last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
     _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
-                 + (exited_at or 0.0))
+                 + (exited_at or 0.0) + (progress_age or 0.0) + m.gap_p99)
     return RankState(
         job_id=job_id, rank=rank, local_rank=local_rank, world_size=world, host=host, pid=m.pid,
         hooked=m.hooked, proc_state=proc_state, heartbeat_age=heartbeat_age, steps=m.steps,
         events=m.events, last_event_at=last_event_at,
         groups=tuple([group_from_pb(g) for g in m.groups]), phase=phase, phase_age=phase_age,
         phase_timeout=phase_timeout, exited_at=exited_at,
-        exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit)
+        exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit,
+        progress_age=progress_age, gap_p99=m.gap_p99, gaps=m.gaps,
+        activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:
@@ -123,7 +153,7 @@ def stacks_to_pb(reply: StackReply) -> pb.AgentMessage:
         stacks=[pb.RankStack(rank=s.rank, pid=s.pid, error=s.error, was_stopped=s.was_stopped,
                              frames=[pb.Frame(function=f.function, file=f.file, line=f.line)
                                      for f in s.frames], nccl_log=s.nccl_log,
-                             worker_log=s.worker_log)
+                             worker_log=s.worker_log, samples=s.samples, moved=s.moved)
                 for s in reply.stacks]))
 
 
@@ -137,7 +167,8 @@ def _stack_from_pb(m: pb.RankStack) -> RankStack:
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
                      nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),
-                     worker_log=tuple(_text(line, "log line") for line in m.worker_log))
+                     worker_log=tuple(_text(line, "log line") for line in m.worker_log),
+                     samples=min(max(m.samples, 1), MAX_SAMPLES), moved=m.moved)
 
 
 def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:
@@ -154,7 +185,7 @@ def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:
 
 def stack_request_to_pb(req: StackRequest) -> pb.CoordinatorMessage:
     return pb.CoordinatorMessage(stack_request=pb.StackRequest(
-        request_id=req.request_id, job_id=req.job_id, ranks=req.ranks))
+        request_id=req.request_id, job_id=req.job_id, ranks=req.ranks, samples=req.samples))
 
 
 def coordinator_message_from_pb(m: pb.CoordinatorMessage) -> StackRequest | None:
@@ -163,7 +194,8 @@ def coordinator_message_from_pb(m: pb.CoordinatorMessage) -> StackRequest | None
         return None
     r = m.stack_request
     return StackRequest(request_id=r.request_id, job_id=_text(r.job_id, "job id"),
-                        ranks=tuple(_rank(x, "rank") for x in r.ranks))
+                        ranks=tuple(_rank(x, "rank") for x in r.ranks),
+                        samples=min(max(r.samples, 1), MAX_SAMPLES))
 
 
 def status_request_to_pb(job_id: str) -> pb.StatusRequest:

@@ -1,0 +1,64 @@
+"""What each rank's process did lately, from /proc (and NVML where there is a GPU): the evidence
+that tells a busy rank from a hung one, read on every report without stopping the process.
+
+Counters are cumulative; a rank's activity is their rate between the newest reading and the
+oldest one within WINDOW_S, so one GC pause or fsync burst does not decide it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+from agent import procfs
+from watchdog.model import NO_ACTIVITY, Activity
+
+WINDOW_S = 5.0
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    at: float
+    main_cpu: float | None  # seconds
+    process_cpu: float  # seconds
+    io: tuple[int, int] | None  # bytes read, written
+
+
+def read(pid: int, at: float, stat: procfs.ProcStat, proc: str = "/proc") -> Reading:
+    """The counters of one live process, as of `at`; `stat` is its stat line read just now."""
+    main_ns = procfs.main_thread_cpu_ns(pid, proc)
+    return Reading(at, None if main_ns is None else main_ns / 1e9,
+                   stat.cpu_ticks / _TICKS_PER_S, procfs.io_bytes(pid, proc))
+
+
+class ActivityWindow:
+    """The recent readings of one process."""
+
+    __slots__ = ("_readings",)
+
+    def __init__(self) -> None:
+        self._readings: deque[Reading] = deque()
+
+    def add(self, reading: Reading, gpu_util: float | None = None) -> Activity:
+        """Record a reading; the activity over the window that ends with it."""
+        readings = self._readings
+        readings.append(reading)
+        while len(readings) > 2 and reading.at - readings[1].at >= WINDOW_S:
+            readings.popleft()
+        return rates(readings[0], reading, gpu_util)
+
+
+def rates(old: Reading, new: Reading, gpu_util: float | None = None) -> Activity:
+    """The activity between two readings of one process; NO_ACTIVITY when they span no time."""
+    span = new.at - old.at
+    if span <= 0:
+        return NO_ACTIVITY if gpu_util is None else Activity(gpu_util=gpu_util)
+    main = (new.main_cpu - old.main_cpu if new.main_cpu is not None and old.main_cpu is not None
+            else new.process_cpu - old.process_cpu)  # no schedstat: the process bounds it
+    read, written = ((new.io[0] - old.io[0], new.io[1] - old.io[1])
+                     if new.io is not None and old.io is not None else (0, 0))
+    return Activity(span, max(0.0, main / span),
+                    max(0.0, (new.process_cpu - old.process_cpu) / span),
+                    max(0.0, read / span), max(0.0, written / span), gpu_util)

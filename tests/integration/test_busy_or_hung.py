@@ -1,0 +1,113 @@
+"""Busy or hung, under `watchdog run` with the thresholds a user gets by default: long legitimate
+phases are never killed, a rank that works while its peers wait is a notice until the busy
+timeout, and a rank that stops is named within the floor plus 2 s at any step (real torchrun,
+gloo, py-spy)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _harness import WATCHDOG, job_env
+
+EXIT_HANG_KILLED = 3
+FLOOR_S = 10.0  # --stall-floor's default
+DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
+FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
+
+
+def fault_time(output: str, fault: str) -> float:
+    """When the job says its fault began (the first rank to say so)."""
+    times = re.findall(rf"fault {fault} at step \d+, time ([\d.]+)", output)
+    assert times, output
+    return min(map(float, times))
+
+
+def stored(tmp_path: Path) -> list[dict[str, Any]]:
+    """Every incident the run stored, oldest first, through `watchdog incidents`."""
+    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
+                            capture_output=True, text=True, check=True)
+    return list(reversed(json.loads(listed.stdout)))
+
+
+def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(
+        watch: Any, tmp_path: Path) -> None:
+    run = watch("--slow-start", "20", "--fault", "evaluate_all", "--fault-step", "80",
+                "--steps", "90", watchdog_args=DEFAULTS)
+    assert run.returncode == 0, run.output
+    assert "finished 90 steps" in run.output
+    assert run.incident is None
+    assert stored(tmp_path) == []
+
+
+def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
+                                                               tmp_path: Path) -> None:
+    run = watch("--fault", "checkpoint", "--fault-rank", "0", "--fault-step", "80", "--steps",
+                "90", watchdog_args=DEFAULTS)
+    assert run.returncode == 0, run.output
+    assert "finished 90 steps" in run.output
+    assert run.incident is None  # the report is for hangs; a notice is printed and stored
+    (notice,) = stored(tmp_path)
+    assert (notice["kind"], notice["severity"]) == ("RANK_BUSY", "notice")
+    assert notice["culprit_ranks"] == [0]
+    assert notice["waiting_ranks"] == [1, 2, 3]
+    assert notice["summary"].startswith("rank 0 busy in write_checkpoint at train.py:")
+    assert re.search(r"writing [\d.]+ [MG]B/s", notice["summary"]), notice["summary"]
+    assert "ranks 1-3 wait in barrier #" in notice["summary"]
+    assert notice["collective"]["op"] == "barrier"
+    assert "RANK_BUSY in job" in run.output
+    assert "(notice: the job is not hung)" in run.output
+
+
+@pytest.mark.parametrize("step", [6, 60])
+def test_rank_blocked_in_data_loading_is_named_within_the_floor_plus_2_s(
+        watch: Any, step: int) -> None:
+    run = watch("--fault", "data_stall", "--fault-rank", "1", "--fault-step", str(step),
+                watchdog_args=DEFAULTS)
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert (run.incident["kind"], run.incident["severity"]) == ("MISSING_RANKS", "hang")
+    assert run.incident["culprit_ranks"] == [1]
+    assert run.incident["waiting_ranks"] == [0, 2, 3]
+    assert run.incident["collective"]["op"] == "all_reduce"
+    assert run.rank(1)["state"] == "STALLED"
+    assert run.incident["detected_at"] - fault_time(run.output, "data_stall") <= FLOOR_S + 2
+
+
+def test_fsdp2_rank_blocked_in_data_loading_never_reached_its_all_gather(watch: Any) -> None:
+    run = watch("--fault-rank", "1", "--fault-step", "6", script=FSDP2, watchdog_args=DEFAULTS)
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert run.incident["kind"] == "MISSING_RANKS"
+    assert run.incident["culprit_ranks"] == [1]
+    assert run.incident["waiting_ranks"] == [0, 2, 3]
+    collective = run.incident["collective"]
+    assert (collective["group"], collective["op"]) == ("0", "all_gather_single")
+    assert "read_sample_from_storage" in run.stack_functions(1)
+    tops = [group["top"] for group in run.incident["stack_groups"]]
+    assert not any("torch_patches" in top or top.startswith("wait ") for top in tops), tops
+    assert run.incident["detected_at"] - fault_time(run.output, "data_stall") <= FLOOR_S + 2
+
+
+def test_a_livelock_is_busy_at_once_and_hung_after_the_busy_timeout(watch: Any,
+                                                                    tmp_path: Path) -> None:
+    busy_timeout = 20.0
+    run = watch("--fault", "livelock", "--fault-rank", "2", "--fault-step", "30",
+                watchdog_args=(*DEFAULTS, "--busy-timeout", str(busy_timeout)))
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    began = fault_time(run.output, "livelock")
+    notice, hang = stored(tmp_path)
+    assert (notice["kind"], notice["severity"], notice["culprit_ranks"]) == (
+        "RANK_BUSY", "notice", [2])
+    assert notice["summary"].startswith("rank 2 busy in spin_until_ready at train.py:")
+    assert "of a core" in notice["summary"]
+    assert notice["detected_at"] - began <= FLOOR_S + 2
+    assert run.incident == hang
+    assert (hang["kind"], hang["severity"], hang["culprit_ranks"]) == (
+        "MISSING_RANKS", "hang", [2])
+    assert "past the busy timeout" in hang["summary"]
+    assert hang["detected_at"] - began >= busy_timeout

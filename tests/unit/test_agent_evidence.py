@@ -1,0 +1,88 @@
+"""The agent's progress evidence, from real readings: CPU and I/O rates over a window, this
+very process's /proc counters, stack samples that move or do not, and no GPU here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import activity, procfs
+from agent.gpu import GpuSampler
+from agent.stacks import moved
+from watchdog.model import NO_ACTIVITY, Activity, Frame, RankStack
+
+
+def reading(at: float, main: float, process: float, io: tuple[int, int] | None) -> activity.Reading:
+    return activity.Reading(at, main, process, io)
+
+
+def test_rates_between_two_readings() -> None:
+    old, new = reading(10.0, 1.0, 1.5, (1000, 0)), reading(12.0, 2.9, 3.5, (1000, 82_000_000))
+    assert activity.rates(old, new) == Activity(2.0, 0.95, 1.0, 0.0, 41_000_000.0)
+    assert activity.rates(new, new) is NO_ACTIVITY
+
+
+def test_without_the_main_threads_counter_the_process_bounds_it() -> None:
+    rates = activity.rates(reading(0.0, None, 1.0, None), reading(5.0, None, 3.0, None))
+    assert (rates.main_cpu, rates.process_cpu, rates.write_rate) == (0.4, 0.4, 0.0)
+
+
+def test_the_window_keeps_the_last_five_seconds() -> None:
+    window = activity.ActivityWindow()
+    for second in range(20):  # one report a second, a core busy the first 10 s, then idle
+        cpu = float(min(second, 10))
+        latest = window.add(reading(float(second), cpu, cpu, (0, 0)))
+    assert latest.window == 5.0
+    assert latest.main_cpu == 0.0
+    assert window.add(reading(20.5, 10.0, 10.0, (0, 0))).window == 5.5
+
+
+def test_this_process_counters_move_when_it_works(tmp_path: Path) -> None:
+    pid = os.getpid()
+    before = activity.read(pid, time.time(), procfs.read_stat(pid) or pytest.fail("no stat"))
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    (tmp_path / "out").write_bytes(os.urandom(1 << 20))
+    after = activity.read(pid, time.time(), procfs.read_stat(pid) or pytest.fail("no stat"))
+    rates = activity.rates(before, after)
+    assert rates.main_cpu > 0.2
+    assert rates.process_cpu > 0.2
+    assert before.io is not None and after.io is not None
+    assert after.io[1] - before.io[1] >= 1 << 20
+
+
+def test_a_vanished_process_has_no_counters() -> None:
+    gone = 2**22 + 12345
+    assert procfs.main_thread_cpu_ns(gone) is None
+    assert procfs.io_bytes(gone) is None
+
+
+@pytest.mark.parametrize("package", ["installed", "missing"])
+def test_without_a_gpu_there_is_no_gpu_evidence_and_no_error(
+        package: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine has NVML's Python package (the test extra) but no driver and no GPU."""
+    if package == "missing":
+        monkeypatch.setitem(sys.modules, "pynvml", None)  # what `import` finds uninstalled
+    else:
+        import pynvml
+
+        with pytest.raises(pynvml.NVMLError):
+            pynvml.nvmlInit()  # the machine really has no GPU: else this test proves nothing
+    sampler = GpuSampler()
+    assert not sampler.available
+    assert sampler.utilization() == {}
+
+
+def stack_at(line: int, native: bool = False) -> RankStack:
+    frames = (Frame("spin", "/home/ml/train.py", line), Frame("main", "/home/ml/train.py", 9))
+    return RankStack(0, 1, ((Frame("futex_wait", "libc.so.6", 0),) if native else ()) + frames)
+
+
+def test_a_stack_moved_when_its_innermost_python_frame_differs() -> None:
+    assert not moved([stack_at(40), stack_at(40), stack_at(40, native=True)])
+    assert moved([stack_at(40), stack_at(41), stack_at(40)])

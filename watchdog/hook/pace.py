@@ -1,0 +1,43 @@
+"""How fast this rank progresses, by its own clock (runs in the hook's publisher thread).
+
+The coordinator's stall threshold is `k x p99` of the gaps between progress. Measured here, the
+gaps are real after the first few steps instead of after many report intervals, and free of
+report and network delays. Gaps count from the first optimizer step on: the time before it is
+start-up (imports, compilation, the first batch), which the warm-up grace covers instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from watchdog.beacon import Pace
+
+WINDOW = 256  # gaps kept: at 5 publishes a second, about a minute of a fast training loop
+
+
+class PaceTracker:
+    """Fed the rank's event count at each publish; not thread-safe (one publisher)."""
+
+    __slots__ = ("_at", "_counting", "_events", "_gaps", "_pace")
+
+    def __init__(self) -> None:
+        self._events = -1
+        self._at = 0.0
+        self._counting = False
+        self._gaps: deque[float] = deque(maxlen=WINDOW)
+        self._pace = Pace()
+
+    def observe(self, events: int, steps: int, now: float) -> Pace:
+        """The pace as of `now`, given the events and steps recorded so far."""
+        if events != self._events:
+            if self._counting:
+                self._gaps.append(now - self._at)
+                ordered = sorted(self._gaps)
+                p99 = ordered[math.ceil(0.99 * len(ordered)) - 1]
+                self._pace = Pace(now, p99, self._pace.gaps + 1)
+            else:
+                self._pace = Pace(now, self._pace.gap_p99, self._pace.gaps)
+            self._events, self._at = events, now
+            self._counting = steps >= 1
+        return self._pace
