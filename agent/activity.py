@@ -2,7 +2,9 @@
 that tells a busy rank from a hung one, read on every report without stopping the process.
 
 Counters are cumulative; a rank's activity is their rate between the newest reading and the
-oldest one within WINDOW_S, so one GC pause or fsync burst does not decide it.
+oldest one within WINDOW_S, so one GC pause or fsync burst does not decide it. The window is
+short enough to fit inside a stall of 3 s (a common fixed --stall-timeout): the coordinator
+ignores rates whose window reaches back before the stall began.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from agent import procfs
 from watchdog.model import NO_ACTIVITY, Activity
 
-WINDOW_S = 5.0
+WINDOW_S = 3.0
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 

@@ -31,14 +31,14 @@ def test_without_the_main_threads_counter_the_process_bounds_it() -> None:
     assert (rates.main_cpu, rates.process_cpu, rates.write_rate) == (0.4, 0.4, 0.0)
 
 
-def test_the_window_keeps_the_last_five_seconds() -> None:
+def test_the_window_keeps_the_last_few_seconds() -> None:
     window = activity.ActivityWindow()
     for second in range(20):  # one report a second, a core busy the first 10 s, then idle
         cpu = float(min(second, 10))
         latest = window.add(reading(float(second), cpu, cpu, (0, 0)))
-    assert latest.window == 5.0
+    assert latest.window == activity.WINDOW_S
     assert latest.main_cpu == 0.0
-    assert window.add(reading(20.5, 10.0, 10.0, (0, 0))).window == 5.5
+    assert window.add(reading(19.5, 10.0, 10.0, (0, 0))).window == activity.WINDOW_S + 0.5
 
 
 def test_this_process_counters_move_when_it_works(tmp_path: Path) -> None:

@@ -26,12 +26,12 @@ from watchdog.coordinator.incident import stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Activity, Frame, JobSnapshot, Kind, RankStack
 
-IDLE = Activity(window=5.0)  # measured: nothing at all, as every hung rank measured
-COMPUTING = Activity(window=5.0, main_cpu=0.98, process_cpu=1.0)
-WRITING = Activity(window=5.0, main_cpu=0.3, process_cpu=0.3, write_rate=41e6)
-READING = Activity(window=5.0, read_rate=2e6)
-WRITER_THREAD = Activity(window=5.0, process_cpu=0.6)  # the main thread joins a writer thread
-POLLING = Activity(window=5.0, main_cpu=0.001, process_cpu=0.002)  # while True: sleep(0.05)
+IDLE = Activity(window=3.0)  # measured: nothing at all, as every hung rank measured
+COMPUTING = Activity(window=3.0, main_cpu=0.98, process_cpu=1.0)
+WRITING = Activity(window=3.0, main_cpu=0.3, process_cpu=0.3, write_rate=41e6)
+READING = Activity(window=3.0, read_rate=2e6)
+WRITER_THREAD = Activity(window=3.0, process_cpu=0.6)  # the main thread joins a writer thread
+POLLING = Activity(window=3.0, main_cpu=0.001, process_cpu=0.002)  # while True: sleep(0.05)
 SYNCHRONIZE = (  # a CUDA wait: it spins, so its CPU time says nothing
     Frame("synchronize", f"{SITE}/torch/cuda/__init__.py", 985),
     Frame("evaluate", TRAIN, 70),
@@ -62,6 +62,8 @@ TIERS = {
         culprit_is(Activity()), Kind.MISSING_RANKS),
     "a polling loop, 0.1% of a core: hung": (culprit_is(POLLING), Kind.MISSING_RANKS),
     "computing: busy": (culprit_is(COMPUTING), Kind.RANK_BUSY),
+    "computing in a window that began before the stall: not evidence, hung": (
+        culprit_is(COMPUTING, stalled_for=2.5), Kind.MISSING_RANKS),
     "writing a checkpoint, in D state: busy, not wedged": (
         culprit_is(WRITING, proc_state="D"), Kind.RANK_BUSY),
     "reading at 2 MB/s inside one function: busy": (culprit_is(READING), Kind.RANK_BUSY),

@@ -117,18 +117,21 @@ def waits_on_device(frames: Sequence[Frame]) -> bool:
                for f in frames[:_COLLECTIVE_DEPTH])
 
 
-def progress_sign(rank: RankState, stack: RankStack | None) -> str:
-    """What shows that a live rank is working though its job stalled ('writing 41 MB/s'), or ''.
+def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) -> str:
+    """What shows that a live rank is working though its job stalled for `stalled_for` seconds
+    ('writing 41 MB/s'), or ''.
 
     A stack that moved between samples is Python running. CPU counts only outside a wait for
     the GPU or a collective, where CUDA and NCCL spin. Reading or writing counts even inside one
-    function: a checkpoint writer loops in one. A stopped process shows nothing.
+    function: a checkpoint writer loops in one. Rates measured over a window that reaches back
+    before the stall began show the work before it, not during it: they do not count. A stopped
+    process shows nothing.
     """
     if not rank.alive or is_stopped(rank, stack):
         return ""
     signs = []
     work = rank.activity
-    if work.window:
+    if 0 < work.window <= stalled_for:
         for verb, rate in (("reading", work.read_rate), ("writing", work.write_rate)):
             if rate >= BUSY_IO_RATE:
                 signs.append(f"{verb} {rate / 1e6:.1f} MB/s" if rate < 1e9
@@ -164,13 +167,13 @@ def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
     return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
 
 
-def wedge_reason(rank: RankState, stack: RankStack | None) -> str:
+def wedge_reason(rank: RankState, stack: RankStack | None, stalled_for: float) -> str:
     """Why a live process cannot be making progress ('is stopped (state T)'), or ''. A process
     in D state or with a stale heartbeat that shows progress (an fsync, native code working
     while it holds the GIL) is busy, not wedged."""
     if is_stopped(rank, stack):
         return f"is stopped (state {rank.proc_state or 'T'})"
-    if progress_sign(rank, stack):
+    if progress_sign(rank, stack, stalled_for):
         return ""
     if rank.alive and rank.proc_state == "D":
         return "is in uninterruptible sleep (state D)"
@@ -319,7 +322,8 @@ class StallView:
 
     def progress(self, rank: int) -> str:
         """What shows that the rank works (see `progress_sign`), or ''."""
-        return progress_sign(self.alive[rank], self.snapshot.stacks.get(rank))
+        return progress_sign(self.alive[rank], self.snapshot.stacks.get(rank),
+                             self.snapshot.stalled_for)
 
     def blameable(self, rank: int) -> bool:
         """Neither waiting in a collective nor inside a phase that still has time left."""

@@ -70,13 +70,14 @@ def _rank_state(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, i
         return RankStatus.FINISHED if finished_cleanly(rank) else RankStatus.EXITED
     if is_stopped(rank, stack):
         return RankStatus.STOPPED
-    if wedge_reason(rank, stack):
+    if wedge_reason(rank, stack, snapshot.stalled_for):
         return RankStatus.WEDGED
     if waits_in_collective(rank, stack, furthest):
         return RankStatus.WAITING
     if not snapshot.stalled:
         return RankStatus.RUNNING
-    return RankStatus.BUSY if progress_sign(rank, stack) else RankStatus.STALLED
+    busy = progress_sign(rank, stack, snapshot.stalled_for)
+    return RankStatus.BUSY if busy else RankStatus.STALLED
 
 
 def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:

@@ -153,7 +153,8 @@ def _still_needed(snapshot: JobSnapshot, first: RankState) -> bool:
 
 
 def _wedged(job: StallView) -> Verdict | None:
-    reasons = {r: wedge_reason(rank, job.snapshot.stacks.get(r)) for r, rank in job.alive.items()}
+    reasons = {r: wedge_reason(rank, job.snapshot.stacks.get(r), job.snapshot.stalled_for)
+               for r, rank in job.alive.items()}
     wedged = [r for r, why in reasons.items() if why and not job.waits_with_others(r)]
     if not wedged:
         return None
