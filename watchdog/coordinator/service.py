@@ -17,11 +17,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from watchdog import metrics
 from watchdog.coordinator.incident import build_incident, rank_rows
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
+from watchdog.coordinator.webhook import severity_of
 from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
 from watchdog.transport.rpc import AgentMessage, AgentSession
 
@@ -47,16 +49,19 @@ class Coordinator:
         self._node_interval: dict[str, float] = {}
         self._pending: dict[int, asyncio.Future[StackReply]] = {}
         self._request_ids = itertools.count(1)
+        self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
 
     # -- CoordinatorHandler: called by the gRPC servicer --
     def open_session(self, peer: str) -> AgentSession:
         session = AgentSession(peer)
         self._sessions.add(session)
+        metrics.AGENTS.set(len(self._sessions))
         log.info("agent connected from %s", peer)
         return session
 
     def close_session(self, session: AgentSession) -> None:
         self._sessions.discard(session)
+        metrics.AGENTS.set(len(self._sessions))
         log.info("agent %s (%s) disconnected", session.node or "?", session.peer)
 
     def on_message(self, session: AgentSession, message: AgentMessage) -> None:
@@ -82,6 +87,7 @@ class Coordinator:
             interval = self._node_interval.get(report.node, now - previous)
             self._node_interval[report.node] = 0.8 * interval + 0.2 * (now - previous)
         self._node_seen[report.node] = now
+        metrics.REPORTS.inc()
         for state in report.ranks:
             job = self.jobs.get(state.job_id)
             if job is None:
@@ -102,6 +108,7 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Evaluate every job each tick until `stop`; no error ends this loop."""
         while not stop.is_set():
+            self.heartbeat = time.monotonic()
             try:
                 self.evaluate_all(time.time())
             except Exception:
@@ -141,10 +148,12 @@ class Coordinator:
                 continue  # a node missed a few reports: its ranks' state is not known yet
             if decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
                 job.evaluating = True
+                metrics.STALLS.inc()
                 tasks.append(asyncio.create_task(self._diagnose(job, unreachable)))
         return tasks
 
     async def _diagnose(self, job: JobView, unreachable: tuple[str, ...]) -> None:
+        started = time.monotonic()
         try:
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             stacks = await self.gather_stacks(job, live)
@@ -162,6 +171,8 @@ class Coordinator:
                 log.info("incident %s was stored before a restart; not repeating it", stored["id"])
                 return
             self.store.add(incident)
+            metrics.VERDICT_SECONDS.observe(time.monotonic() - started)
+            metrics.INCIDENTS.labels(incident["kind"], severity_of(incident)).inc()
             log.info("incident %s: %s", incident["id"], incident["summary"])
             for listener in self.listeners:
                 listener(incident)
