@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,8 @@ from pathlib import Path
 import grpc
 import pytest
 from _harness import WATCHDOG, job_env, stop_process
+from _scrape import scrape, value
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from test_security import Certs, certs, token_file
 
 from watchdog.cli.demo import free_port
@@ -232,12 +231,6 @@ def notify_socket(path: Path) -> Notifications:
     return Notifications(sock, str(path))
 
 
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if not sample.labels}
-
-
 def health(address: str, ca: str, service: str = "") -> str:
     with grpc.secure_channel(address, grpc.ssl_channel_credentials(Path(ca).read_bytes())) as ch:
         reply = health_pb2_grpc.HealthStub(ch).Check(
@@ -284,9 +277,9 @@ def test_daemons_run_with_the_units_arguments_credentials_and_state(
         # The health service answers on the TLS port without the token (a probe has none).
         assert health(coordinator_address, certs.ca) == "SERVING"
         assert health(coordinator_address, certs.ca, "liveness") == "SERVING"
-        assert wait_for(lambda: scrape(ports[29451]).get(
-            "torch_hang_watchdog_agents_connected") == 1.0), "the agent never connected"
-        assert "torch_hang_watchdog_agent_ranks" in scrape(ports[29452])
+        assert wait_for(lambda: value(scrape(ports[29451]),
+                                      "torch_hang_watchdog_agents_connected") == 1.0)
+        assert value(scrape(ports[29452]), "torch_hang_watchdog_agent_ranks") == 0.0
         for name in daemons:
             assert notified[name].next(10) == "WATCHDOG=1"
             assert notified[name].next(10) == "WATCHDOG=1"

@@ -1,13 +1,18 @@
 """Incident webhooks against a real local HTTP receiver: what is posted, retries, what is never
-followed or posted, and that a receiver which hangs holds up nothing but its own thread."""
+followed or posted, and that a receiver which hangs holds up nothing but its own thread; then a
+real hang, found by separate daemons, posted to receivers that answer, hang and refuse."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
-from _harness import WATCHDOG
+from _harness import WATCHDOG, job_env, stop_process
 from _receiver import HANG, receiving
+from _scrape import scrape, value
+from test_daemons import end_job, incidents_json, start_job, wait_for_verdict
 
 from watchdog import metrics
 from watchdog.cli.demo import free_port
@@ -117,3 +122,43 @@ def test_a_bad_webhook_url_is_a_usage_error_before_the_coordinator_starts() -> N
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "argument --notify-webhook: --notify-webhook needs an http" in out.stderr
+
+
+# -- a real hang, seen by separate daemons -------------------------------------------------------
+
+def test_a_real_hang_reaches_the_webhook_and_a_stuck_receiver_delays_nothing(
+        tmp_path: Path) -> None:
+    address, metrics_ports = f"127.0.0.1:{free_port()}", (free_port(), free_port())
+    env = job_env(tmp_path)
+    refused = f"http://127.0.0.1:{free_port()}/refused"
+    with receiving(HANG) as stuck, receiving(200) as fine:
+        daemons = [subprocess.Popen(
+            [*WATCHDOG, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) for args in (
+                ["coordinator", "--listen", address, "--stall-timeout", "3",
+                 "--notify-webhook", stuck.url, "--notify-webhook", refused,
+                 "--notify-webhook", fine.url, "--metrics-listen",
+                 f"127.0.0.1:{metrics_ports[0]}"],
+                ["agent", "--coordinator", address, "--interval", "0.25", "--node-name",
+                 "node-a", "--metrics-listen", f"127.0.0.1:{metrics_ports[1]}"])]
+        job = start_job(tmp_path, *WATCHDOG, "launch", "--")
+        try:
+            verdict = wait_for_verdict(address)["verdict"]
+            stored = json.loads(incidents_json(tmp_path))
+            # Detected and stored while the stuck receiver still holds its post unanswered.
+            assert stuck.arrived.wait(60) and not stuck.release.is_set()
+            (post,) = fine.wait_for(1)
+            coordinator_metrics, agent_metrics = (scrape(port) for port in metrics_ports)
+        finally:
+            end_job(job)
+            logs = [stop_process(proc) for proc in daemons]
+    print("\n---\n".join(logs))
+    assert post.json() == verdict == next(i for i in stored if i["id"] == verdict["id"])
+    assert verdict["kind"] == "MISSING_RANKS" and verdict["culprit_ranks"] == [2]
+    assert {p.json()["id"] for p in stuck.posts} == {verdict["id"]}  # tried, timed out, again
+    assert value(coordinator_metrics, "torch_hang_watchdog_webhook_deliveries_total",
+                 outcome="sent") == 1
+    assert value(agent_metrics, "torch_hang_watchdog_stack_dump_seconds_count") == 1
+    assert value(agent_metrics, "torch_hang_watchdog_agent_ranks") == 4
+    assert "webhook http://127.0.0.1:" in logs[0] and "Connection refused" in logs[0]
+    assert "SECRET" not in logs[0]
