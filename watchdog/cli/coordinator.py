@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
     coordinator = Coordinator(store, options.stall_policy(args))
     webhooks = Webhooks(args.notify_webhook)
-    coordinator.listeners.append(webhooks)
+    if webhooks.hooks:
+        coordinator.listeners.append(webhooks)
 
     async def serve(stop: asyncio.Event) -> None:
         health = await Health.create()
