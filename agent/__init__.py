@@ -3,7 +3,7 @@ their beacons and in /proc, reads their progress, takes py-spy stacks and log ta
 and streams node reports to a coordinator.
 
 From `watchdog` it uses only the modules shared by design: `beacon`, `env`, `errors`, `model`,
-`explain` (to pick relevant log lines) and `transport`.
+`explain` (to pick relevant log lines), `transport` and `metrics`.
 """
 
 from agent.daemon import Agent

@@ -21,6 +21,7 @@ from agent.gpu import GpuSampler
 from agent.logtail import read_tail, relevant_lines
 from agent.stacks import dump_stacks
 from agent.workers import Worker, WorkerTable, rank_state
+from watchdog import metrics
 from watchdog.env import DEFAULT_ADDRESS, DEFAULT_PORT
 from watchdog.errors import WatchdogError
 from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 64
 MAX_BACKOFF_S = 10.0
+# The stream is down when it took no report for this many intervals (and at least this long).
+STREAM_STALE_INTERVALS = 3
+STREAM_STALE_MIN_S = 5.0
 
 
 class Agent:
@@ -45,14 +49,23 @@ class Agent:
         self.table = WorkerTable(beacon_dir, scan_unhooked=scan_unhooked)
         self.gpu = GpuSampler()
         self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
+        self.heartbeat = time.monotonic()  # the last scan: the daemon's health
+        self._written: float | None = None  # when the stream last took a message; None: down
 
     def scan(self) -> NodeReport:
         """Refresh the worker table and return the node report for it."""
         now = time.time()
         self.table.refresh(now)
         gpu = self.gpu.utilization()
-        return NodeReport(self.node, now,
-                          tuple(rank_state(w, now, gpu) for w in self.table.workers()))
+        ranks = tuple(rank_state(w, now, gpu) for w in self.table.workers())
+        metrics.AGENT_RANKS.set(len(ranks))
+        return NodeReport(self.node, now, ranks)
+
+    def stream_up(self) -> bool:
+        """Whether the stream to the coordinator took a report within the last few intervals."""
+        return (self._written is not None
+                and time.monotonic() - self._written < max(STREAM_STALE_INTERVALS * self.interval,
+                                                           STREAM_STALE_MIN_S))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Scan and report until `stop` is set; no error ends this loop."""
@@ -66,6 +79,8 @@ class Agent:
                 except (grpc.aio.AioRpcError, WatchdogError, OSError) as e:
                     log.warning("coordinator %s: %s; retrying in %.1fs", self.coordinator,
                                 _describe(e), backoff)
+                if not stop.is_set():
+                    metrics.RECONNECTS.inc()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -74,6 +89,7 @@ class Agent:
 
     async def _scan_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.heartbeat = time.monotonic()
             try:
                 self._offer(self.scan())
             except Exception:  # a loop that must not die: log and go on
@@ -111,6 +127,7 @@ class Agent:
                 served.add(task)
                 task.add_done_callback(served.discard)
         finally:
+            self._written = None
             for task in served:
                 task.cancel()
             await client.close()
@@ -118,6 +135,7 @@ class Agent:
     async def _outgoing(self, stop: asyncio.Event) -> AsyncIterator[AgentMessage]:
         while not stop.is_set():
             yield await self._outbox.get()
+            self._written = time.monotonic()  # the stream wants the next one: this one went
 
     async def _serve(self, request: StackRequest) -> None:
         try:
@@ -141,8 +159,12 @@ class Agent:
                 reason = "it has exited" if not worker.alive else "it is not a verified worker"
                 refused.append(RankStack(rank, worker.identity.pid,
                                          error=f"not attaching: {reason}"))
+        started = time.monotonic()
         stacks = await dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
                                     self.native, samples)
+        if targets:
+            metrics.STACK_SECONDS.observe(time.monotonic() - started)
+            metrics.STACK_FAILURES.inc(sum(1 for stack in stacks if stack.error))
         with_logs = [replace(stack, nccl_log=_nccl_log(worker), worker_log=_worker_log(worker))
                      for stack, worker in zip(stacks, targets, strict=True)]
         return [*with_logs, *refused]

@@ -4,11 +4,13 @@ microsecond counts (about 40 us a rank for all of them, tests/bench/agent_report
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 
 # "T" (job control) only: "t" is a ptrace stop, e.g. a py-spy dump in progress.
 _STOPPED_STATES = frozenset("T")
+MAX_ENVIRON_BYTES = 4 << 20  # far above what execve accepts by default
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,20 @@ def io_bytes(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
 
 
 def read_environ(pid: int, proc: str = "/proc") -> dict[str, str] | None:
-    """The process's initial environment, or None when it is gone or not ours to read."""
+    """The process's initial environment, or None when it is gone or not ours to read.
+
+    Another user's /proc/PID/environ is that user's alone (mode 0400), which root without
+    CAP_DAC_READ_SEARCH cannot open; the agent then reads the same bytes from the process's
+    memory, as the kernel does for that file, with CAP_SYS_PTRACE alone.
+    """
     try:
         with open(f"{proc}/{pid}/environ", "rb") as f:
-            raw = f.read()
+            raw: bytes | None = f.read()
+    except PermissionError:
+        raw = environ_from_memory(pid, proc)
     except OSError:
+        return None
+    if raw is None:
         return None
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
@@ -90,6 +101,36 @@ def read_environ(pid: int, proc: str = "/proc") -> dict[str, str] | None:
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
+
+
+def environ_from_memory(pid: int, proc: str = "/proc") -> bytes | None:
+    """The bytes between env_start and env_end of the process's stat line (fields 50 and 51,
+    zero unless we may ptrace it), read with process_vm_readv; None when that fails."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+        fields = raw[raw.rindex(")") + 2:].split()
+        start, end = int(fields[47]), int(fields[48])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not 0 < start < end:
+        return None
+    return _read_memory(pid, start, min(end - start, MAX_ENVIRON_BYTES))
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def _read_memory(pid: int, address: int, size: int) -> bytes | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    read = libc.process_vm_readv
+    read.restype = ctypes.c_ssize_t
+    buffer = ctypes.create_string_buffer(size)
+    local = _IoVec(ctypes.cast(buffer, ctypes.c_void_p), size)
+    remote = _IoVec(address, size)
+    count = read(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return buffer.raw[:count] if count >= 0 else None
 
 
 def output_files(pid: int, proc: str = "/proc") -> list[str]:

@@ -1,5 +1,6 @@
 """Names and defaults every process agrees on (stdlib only): the environment contract between
-`watchdog run/launch`, the hook and the agent, the host name, the coordinator's port.
+`watchdog run/launch`, the hook and the agent, the host name, the coordinator's port, and how a
+HOST:PORT address splits.
 
 The hook reads these in the training process; the agent reads the same variables from
 `/proc/PID/environ` of workers it finds without a hook, so both derive the same job id.
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+
+from watchdog.errors import UsageError
 
 BEACON_DIR = "WATCHDOG_BEACON_DIR"
 JOB_ID = "WATCHDOG_JOB_ID"
@@ -50,3 +53,13 @@ def int_env(env: Mapping[str, str], name: str, default: int) -> int:
         return int(env.get(name, default))
     except ValueError:
         return default
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as (host, port); UsageError when it is not one."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"not a HOST:PORT address: {address!r}",
+                         hint="e.g. 0.0.0.0:29451, 127.0.0.1:0 or [::1]:29451")
+    return host, int(port)

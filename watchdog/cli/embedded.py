@@ -23,9 +23,11 @@ from typing import Any, TextIO
 
 from agent.daemon import Agent
 from watchdog import env as _env
+from watchdog import metrics
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
+from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode
 from watchdog.transport import start_server
 
@@ -45,6 +47,7 @@ class RunOptions:
     color: bool = False
     native: bool = False  # py-spy --native stacks
     job_log: str | None = None  # where the job's stdout and stderr go; None: ours
+    metrics_listen: str | None = None  # HOST:PORT for Prometheus; None: no metrics served
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
@@ -92,6 +95,10 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
                   scan_unhooked=False, native=options.native)
     stop = asyncio.Event()
     daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
+    exporter = metrics.serve(options.metrics_listen) if options.metrics_listen else None
+    if exporter is not None:
+        daemons.append(asyncio.create_task(keep_sampled(coordinator, stop)))
+        out.write(f"watchdog: metrics at {exporter.url}\n")
     try:
         job_id = os.environ.get(_env.JOB_ID) or new_job_id(cmd)
         # The job keeps its own descriptor of the log: ours can close once it started.
@@ -111,6 +118,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         stop.set()
         await asyncio.gather(*daemons, return_exceptions=True)
         await server.stop(grace=1.0)
+        if exporter is not None:
+            exporter.close()
         store.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from watchdog.coordinator.stall import StallPolicy
+from watchdog.env import split_address
+from watchdog.errors import UsageError
 from watchdog.transport import ClientSecurity, client_security
 
 
@@ -87,6 +89,24 @@ def add_native_option(p: argparse.ArgumentParser) -> None:
                    help="stacks with native (C/C++) frames too; Python frames alone where that "
                         "fails or takes over 3 s")
 
+
+def address(text: str) -> str:
+    """A HOST:PORT option, checked before any daemon starts."""
+    try:
+        split_address(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(f"{e.args[0]} ({e.hint})") from None
+    return text
+
+
+def add_metrics_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-listen", type=address, metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics")
+
+
+def add_health_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--health-listen", type=address, metavar="HOST:PORT",
+                   help=f"serve the gRPC health service alone, in plaintext, on HOST:PORT ({what})")
 
 
 async def serve_until_signal(body: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:

@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
     options.add_db_option(p)
     options.add_native_option(p)
+    options.add_metrics_option(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
 
@@ -28,5 +29,6 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.coordinator import default_db_path
 
     run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang, args.report,
-                             args.db or default_db_path(), use_color(sys.stderr), args.native)
+                             args.db or default_db_path(), use_color(sys.stderr), args.native,
+                             metrics_listen=args.metrics_listen)
     return asyncio.run(run_job(run_options))

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from watchdog import metrics
 from watchdog.coordinator.evidence import culprit_place
 from watchdog.coordinator.incident import build_incident, rank_rows
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
@@ -59,16 +60,19 @@ class Coordinator:
         self._node_interval: dict[str, float] = {}
         self._pending: dict[int, asyncio.Future[StackReply]] = {}
         self._request_ids = itertools.count(1)
+        self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
 
     # -- CoordinatorHandler: called by the gRPC servicer --
     def open_session(self, peer: str) -> AgentSession:
         session = AgentSession(peer)
         self._sessions.add(session)
+        metrics.AGENTS.set(len(self._sessions))
         log.info("agent connected from %s", peer)
         return session
 
     def close_session(self, session: AgentSession) -> None:
         self._sessions.discard(session)
+        metrics.AGENTS.set(len(self._sessions))
         log.info("agent %s (%s) disconnected", session.node or "?", session.peer)
 
     def on_message(self, session: AgentSession, message: AgentMessage) -> None:
@@ -94,6 +98,7 @@ class Coordinator:
             interval = self._node_interval.get(report.node, now - previous)
             self._node_interval[report.node] = 0.8 * interval + 0.2 * (now - previous)
         self._node_seen[report.node] = now
+        metrics.REPORTS.inc()
         for state in report.ranks:
             job = self.jobs.get(state.job_id)
             if job is None:
@@ -114,6 +119,7 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Evaluate every job each tick until `stop`; no error ends this loop."""
         while not stop.is_set():
+            self.heartbeat = time.monotonic()
             try:
                 self.evaluate_all(time.time())
             except Exception:
@@ -155,10 +161,13 @@ class Coordinator:
             stalled = job.stalled(now)
             if stalled or decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
                 job.evaluating = True
+                if stalled and not job.hold_until:  # the first look at this stall
+                    metrics.STALLS.inc()
                 tasks.append(asyncio.create_task(self._diagnose(job, unreachable, stalled)))
         return tasks
 
     async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool) -> None:
+        started = time.monotonic()
         try:
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
@@ -173,6 +182,7 @@ class Coordinator:
                 return  # no hook: a changed stack was the only sign of progress, and here it is
             if not self._hold(job, snapshot, verdict, now):
                 self._report(job, snapshot, verdict, now)
+                metrics.VERDICT_SECONDS.observe(time.monotonic() - started)
         except Exception:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
@@ -209,6 +219,7 @@ class Coordinator:
             log.info("incident %s was stored before a restart; not repeating it", stored["id"])
             return
         self.store.add(incident)
+        metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
         log.info("incident %s: %s", incident["id"], incident["summary"])
         for listener in self.listeners:
             listener(incident)

@@ -1,6 +1,7 @@
 """gRPC between agents, the coordinator and `watchdog status` (agent, coordinator and CLI
 processes): the services, the one adapter from protobuf messages to dataclasses (`wire`), tokens
-and TLS (`auth`). Only this package sees the generated code in `proto/`."""
+and TLS (`auth`), the standard health service (`health`). Only this package sees the generated
+code in `proto/`."""
 
 from watchdog.transport.auth import (
     ClientSecurity,
@@ -8,6 +9,7 @@ from watchdog.transport.auth import (
     client_security,
     server_security,
 )
+from watchdog.transport.health import Health, start_health_server
 from watchdog.transport.rpc import (
     AgentMessage,
     AgentSession,
@@ -16,6 +18,7 @@ from watchdog.transport.rpc import (
 )
 
 __all__ = [
-    "AgentMessage", "AgentSession", "ClientSecurity",
-    "CoordinatorClient", "ServerSecurity", "client_security", "server_security", "start_server",
+    "AgentMessage", "AgentSession", "ClientSecurity", "CoordinatorClient", "Health",
+    "ServerSecurity", "client_security", "server_security", "start_health_server",
+    "start_server",
 ]

@@ -20,6 +20,7 @@ from watchdog.errors import AuthError, CoordinatorUnreachableError, MessageRejec
 from watchdog.model import NodeReport, StackReply, StackRequest
 from watchdog.transport import wire as _wire
 from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, TokenCheck, is_loopback
+from watchdog.transport.health import Health, OpenHealth
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
 
@@ -151,16 +152,19 @@ async def _parse_each(parse: Callable[[bytes], Any], raws: AsyncIterator[bytes],
 
 
 async def start_server(handler: CoordinatorHandler, address: str,
-                       security: ServerSecurity | None = None) -> tuple[grpc.aio.Server, int]:
-    """Serve on `address` (HOST:PORT, or unix:PATH: plaintext whatever `security` says);
-    returns the server and the bound port."""
+                       security: ServerSecurity | None = None,
+                       health: Health | None = None) -> tuple[grpc.aio.Server, int]:
+    """Serve on `address` (HOST:PORT, or unix:PATH: plaintext whatever `security` says), with
+    the standard health service too when given one; returns the server and the bound port."""
     security = security or ServerSecurity()
     # The token is checked first, so a caller without it never gets a byte parsed.
     interceptors: list[grpc.aio.ServerInterceptor] = [_RejectUnparsable()]
     if security.token:
-        interceptors.insert(0, TokenCheck(security.token))
+        interceptors.insert(0, OpenHealth(TokenCheck(security.token)))
     server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
+    if health is not None:
+        health.add_to(server)
     if security.credentials is None or address.startswith("unix:"):
         port = server.add_insecure_port(address)
     else:

@@ -1,0 +1,81 @@
+"""Prometheus metrics of `watchdog run --metrics-listen`, scraped and parsed with
+prometheus-client's own parser before and after a real torchrun job hangs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _harness import WATCHDOG, job_env
+from _scrape import scrape, value
+from prometheus_client.samples import Sample
+
+from watchdog.cli.demo import free_port, torchrun_command
+
+PREFIX = "torch_hang_watchdog_"
+DEADLINE_S = 120
+
+
+def scrape_until(port: int, proc: subprocess.Popen[str],
+                 ready: Callable[[list[Sample]], bool]) -> list[Sample]:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "watchdog run ended"
+        try:
+            samples = scrape(port)
+        except OSError:
+            samples = []  # not listening yet
+        if samples and ready(samples):
+            return samples
+        time.sleep(0.25)
+    raise AssertionError(f"metrics never got there: {scrape(port)}")
+
+
+def stop_run(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM goes to the job; a second one kills it if it lingers."""
+    for _ in range(2):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    return proc.communicate()[0]
+
+
+def jobs(samples: list[Sample], state: str) -> float | None:
+    return value(samples, PREFIX + "jobs", state=state)
+
+
+def test_metrics_follow_a_real_hang(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*WATCHDOG, "run", "--stall-timeout", "3", "--metrics-listen", f"127.0.0.1:{port}",
+         "--", *torchrun_command(4, "--fault", "data_stall", "--fault-rank", "2",
+                                 "--fault-step", "4")],
+        env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        before = scrape_until(port, proc, lambda s: jobs(s, "RUNNING") == 1
+                              and value(s, PREFIX + "ranks") == 4)
+        after = scrape_until(port, proc, lambda s: jobs(s, "HUNG") == 1)
+    finally:
+        output = stop_run(proc)
+    print(output)
+    assert all(s.name.startswith(PREFIX) for s in before + after)
+    assert "watchdog: metrics at http://127.0.0.1:" in output
+    incidents = {"kind": "MISSING_RANKS", "severity": "hang"}
+    assert value(before, PREFIX + "incidents_total", **incidents) is None
+    assert value(after, PREFIX + "incidents_total", **incidents) == 1
+    assert (jobs(before, "HUNG"), jobs(after, "RUNNING")) == (0, 0)
+    assert value(after, PREFIX + "ranks") == value(after, PREFIX + "agent_ranks") == 4
+    for name in ("stalls_total", "verdict_latency_seconds_count", "stack_dump_seconds_count"):
+        assert (value(before, PREFIX + name), value(after, PREFIX + name)) == (0, 1), name
+    assert value(after, PREFIX + "stack_dump_failures_total") == 0
+    reports_before = value(before, PREFIX + "reports_total")
+    assert reports_before is not None and reports_before > 0
+    assert (value(after, PREFIX + "reports_total") or 0) > reports_before
+    assert (value(after, PREFIX + "agents_connected"), value(after, PREFIX + "reconnects_total")
+            ) == (1, 0)

@@ -1,0 +1,319 @@
+"""The systemd units as shipped: `systemd-analyze verify` and the offline security score of each
+(ExecStart pointed at this environment's `watchdog`), the tmpfiles entry, the agent's capability
+set against another user's process, and both daemons run outside systemd with the units' exact
+arguments, credentials and state directories and a real notify socket."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from _harness import WATCHDOG, job_env, stop_process
+from _scrape import scrape, value
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_security import Certs, certs, token_file
+
+from watchdog.cli.demo import free_port
+
+UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+BINARY = "/opt/torch-hang-watchdog/bin/watchdog"
+EXPOSURE_LIMIT = {"agent": 5.0, "coordinator": 3.0}
+AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL"}
+UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+SYSTEM_PYTHON = "/usr/bin/python3"
+STARTUP_S = 60
+
+__all__ = ["certs"]  # the module-scoped fixture, shared with test_security
+
+
+@dataclass
+class Unit:
+    """A unit file's [Service] settings, with continuation lines joined."""
+
+    path: Path
+    service: dict[str, list[str]]
+
+    @classmethod
+    def read(cls, name: str) -> Unit:
+        path = UNITS / f"torch-hang-watchdog-{name}.service"
+        text = re.sub(r"\\\n\s*", " ", path.read_text())
+        service: dict[str, list[str]] = {}
+        section = ""
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif line and not line.startswith(("#", ";")) and section == "[Service]":
+                key, _, value = line.partition("=")
+                service.setdefault(key, []).append(value)
+        return cls(path, service)
+
+    def one(self, key: str) -> str:
+        (value,) = self.service[key]
+        return value
+
+    def environment(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for value in self.service.get("Environment", [])
+                    for item in shlex.split(value))
+
+    def command(self, variables: dict[str, str]) -> list[str]:
+        """ExecStart's words, ${NAME} replaced as systemd does, the binary this environment's."""
+        words = [re.sub(r"\$\{(\w+)\}", lambda m: variables[m.group(1)], word)
+                 for word in shlex.split(self.one("ExecStart"))]
+        assert words[0] == BINARY
+        return [*WATCHDOG, *words[1:]]
+
+    def credentials(self) -> list[str]:
+        return [value.partition(":")[0] for value in self.service["LoadCredential"]]
+
+    def capabilities(self) -> set[str]:
+        return set(self.one("CapabilityBoundingSet").split())
+
+    def for_analysis(self, tmp: Path) -> Path:
+        """A copy whose ExecStart runs this environment's `watchdog`: verify checks it exists."""
+        copy = tmp / self.path.name
+        here = shutil.which("watchdog", path=str(Path(sys.executable).parent))
+        assert here is not None
+        copy.write_text(self.path.read_text().replace(f"ExecStart={BINARY} ", f"ExecStart={here} "))
+        return copy
+
+
+def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["agent", "coordinator"])
+def test_unit_verifies_clean_and_is_hardened(name: str, tmp_path: Path) -> None:
+    unit = Unit.read(name).for_analysis(tmp_path)
+    verify = systemd_analyze("verify", str(unit))
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    security = systemd_analyze("security", "--offline=true", str(unit))
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout)
+    assert match, security.stdout + security.stderr
+    assert float(match.group(1)) <= EXPOSURE_LIMIT[name], security.stdout
+
+
+def test_the_agent_holds_two_capabilities_and_no_file_override() -> None:
+    agent = Unit.read("agent")
+    assert agent.capabilities() == AGENT_CAPABILITIES
+    assert agent.one("AmbientCapabilities") == ""
+    assert agent.one("NoNewPrivileges") == "yes"
+    coordinator = Unit.read("coordinator")
+    assert coordinator.one("CapabilityBoundingSet") == ""
+    assert coordinator.one("DynamicUser") == "yes"
+
+
+def test_the_tmpfiles_entry_makes_a_root_owned_sticky_beacon_directory(tmp_path: Path) -> None:
+    (tmp_path / "dev" / "shm").mkdir(parents=True)
+    conf = UNITS / "torch-hang-watchdog.tmpfiles.conf"
+    out = subprocess.run(["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(conf)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    made = (tmp_path / "dev" / "shm" / "torch-hang-watchdog").stat()
+    assert (oct(made.st_mode & 0o7777), made.st_uid, made.st_gid) == ("0o1777", 0, 0)
+
+
+# -- the agent's capabilities, against a process and a beacon of another user -----------------
+
+PROBE = """
+import os, signal, subprocess, sys
+from agent import procfs
+pid, beacon, private, py_spy = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+def attempt(name, action):
+    try:
+        action()
+        print(name, "ok")
+    except Exception as e:
+        print(name, "denied", type(e).__name__)
+def dump():
+    subprocess.run([py_spy, "dump", "--pid", str(pid)], check=True, capture_output=True)
+def environ():  # how the agent verifies a worker
+    assert (procfs.read_environ(pid) or {}).get("MARK") == "worker"
+attempt("ptrace", dump)
+attempt("environ", environ)
+attempt("signal", lambda: os.kill(pid, signal.SIGCONT))
+attempt("remove", lambda: os.remove(beacon))
+attempt("read_private", lambda: open(private, "rb").read())
+attempt("fd_links", lambda: os.listdir(f"/proc/{pid}/fd"))
+"""
+
+
+@pytest.fixture
+def other_users_worker() -> Iterator[tuple[int, Path]]:
+    """A Python process of `nobody` (the system's interpreter: this one's may sit in a home
+    `nobody` cannot enter), and a sticky 1777 directory like the beacon directory."""
+    with tempfile.TemporaryDirectory(prefix="watchdog-caps-") as top:
+        Path(top).chmod(0o755)
+        shared = Path(top) / "beacons"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        proc = subprocess.Popen([*UNPRIVILEGED, SYSTEM_PYTHON, "-c",
+                                 "import time; print(flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, env={"MARK": "worker"},
+                                start_new_session=True)  # SIGCONT is free within a session
+        try:
+            assert proc.stdout is not None and proc.stdout.readline()  # it is running Python
+            yield proc.pid, shared
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def probe(caps: set[str], pid: int, shared: Path) -> dict[str, str]:
+    """What root can do to `nobody`'s process and files holding `caps` alone, as the unit's
+    CapabilityBoundingSet= and NoNewPrivileges= leave it."""
+    beacon = shared / f"job.rank0.pid{pid}.beacon"
+    private = shared / "private"
+    for path, mode in ((beacon, 0o644), (private, 0o600)):
+        subprocess.run([*UNPRIVILEGED, "sh", "-c", f"umask 077; echo x > {path}; chmod "
+                        f"{mode:o} {path}"], check=True)
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    out = subprocess.run([*holding(caps), sys.executable, "-c", PROBE, str(pid), str(beacon),
+                          str(private), str(py_spy)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    private.unlink(missing_ok=True)
+    beacon.unlink(missing_ok=True)
+    return {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
+
+
+def test_the_agents_capabilities_are_enough_and_each_is_needed(
+        other_users_worker: tuple[int, Path]) -> None:
+    pid, shared = other_users_worker
+    caps = Unit.read("agent").capabilities()
+    # A stale beacon goes without CAP_FOWNER: root owns the sticky directory. Not a file of
+    # another user that it did not make readable, nor the links to that user's open files (no
+    # CAP_DAC_READ_SEARCH): other users' worker log tails are out of its reach.
+    assert probe(caps, pid, shared) == {"ptrace": "ok", "environ": "ok", "signal": "ok",
+                                        "remove": "ok", "read_private": "denied",
+                                        "fd_links": "denied"}
+    need = {"CAP_SYS_PTRACE": ("ptrace", "environ"), "CAP_KILL": ("signal",)}
+    for cap, actions in need.items():
+        without = probe(caps - {cap}, pid, shared)
+        assert all(without[action] == "denied" for action in actions), (cap, without)
+
+
+# -- both daemons with the units' exact arguments, outside systemd -----------------------------
+
+@dataclass
+class Notifications:
+    """The datagram socket systemd would pass as $NOTIFY_SOCKET, read by the test."""
+
+    sock: socket.socket
+    path: str
+
+    def next(self, timeout: float = STARTUP_S) -> str:
+        self.sock.settimeout(timeout)
+        return self.sock.recv(4096).decode()
+
+    def until(self, field: str) -> list[str]:
+        seen = []
+        while field not in (seen[-1] if seen else ""):
+            seen.append(self.next())
+        return seen
+
+
+def notify_socket(path: Path) -> Notifications:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    return Notifications(sock, str(path))
+
+
+def health(address: str, ca: str, service: str = "") -> str:
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(Path(ca).read_bytes())) as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=10)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def test_daemons_run_with_the_units_arguments_credentials_and_state(
+        certs: Certs, tmp_path: Path) -> None:
+    ports = {port: free_port() for port in (29450, 29451, 29452)}
+    files = {"token": token_file(tmp_path), "server.pem": certs.server_cert,
+             "server.key": certs.server_key, "ca.pem": certs.ca}
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    daemons: dict[str, subprocess.Popen[str]] = {}
+    notified: dict[str, Notifications] = {}
+    try:
+        for name in ("coordinator", "agent"):
+            unit = Unit.read(name)
+            creds = tmp_path / f"credentials-{name}"
+            creds.mkdir(mode=0o700)
+            for credential in unit.credentials():  # as LoadCredential= lays them out
+                shutil.copy(files[credential], creds / credential)
+                (creds / credential).chmod(0o400)
+            env = {**unit.environment(), "CREDENTIALS_DIRECTORY": str(creds),
+                   "STATE_DIRECTORY": str(state), "COORDINATOR": f"localhost:{ports[29450]}"}
+            # Ports of this machine's other tests may be taken: the same words on free ports.
+            cmd = [re.sub(r":(2945\d)$", lambda m: f":{ports[int(m.group(1))]}", word)
+                   for word in unit.command(env)]
+            notified[name] = notify_socket(tmp_path / f"notify-{name}")
+            daemons[name] = subprocess.Popen(
+                as_unit_runs(unit, cmd), text=True, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env={
+                    **job_env(tmp_path), **env, "NOTIFY_SOCKET": notified[name].path,
+                    "WATCHDOG_USEC": "2000000"})  # WatchdogSec=2: pings within the test's time
+            assert notified[name].next().startswith("READY=1\nSTATUS=")
+        coordinator_address = f"localhost:{ports[29450]}"
+        status = subprocess.run(
+            [*WATCHDOG, "status", "--json", "--coordinator", coordinator_address,
+             "--token-file", files["token"], "--tls-ca", certs.ca],
+            capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout) == {"jobs": []}
+        # The health service answers on the TLS port without the token (a probe has none).
+        assert health(coordinator_address, certs.ca) == "SERVING"
+        assert health(coordinator_address, certs.ca, "liveness") == "SERVING"
+        assert wait_for(lambda: value(scrape(ports[29451]),
+                                      "torch_hang_watchdog_agents_connected") == 1.0)
+        assert value(scrape(ports[29452]), "torch_hang_watchdog_agent_ranks") == 0.0
+        for name in daemons:
+            assert notified[name].next(10) == "WATCHDOG=1"
+            assert notified[name].next(10) == "WATCHDOG=1"
+        assert (state / "incidents.db").exists()
+        for name in ("agent", "coordinator"):
+            daemons[name].send_signal(signal.SIGTERM)
+            assert notified[name].until("STOPPING=1")[-1] == "STOPPING=1"
+            assert daemons[name].wait(30) == 0
+    finally:
+        for proc in daemons.values():
+            print(stop_process(proc))
+        for notifications in notified.values():
+            notifications.sock.close()
+
+
+def as_unit_runs(unit: Unit, cmd: list[str]) -> list[str]:
+    """`cmd` as root with the unit's capabilities alone; the coordinator (DynamicUser=, no
+    capabilities) is not switched to a fresh user here."""
+    if unit.service.get("DynamicUser") == ["yes"]:
+        return cmd
+    return [*holding(unit.capabilities()), *cmd]
+
+
+def holding(caps: set[str]) -> list[str]:
+    """setpriv leaving root `caps` alone, and no new privileges: what CapabilityBoundingSet=
+    and NoNewPrivileges= leave a root service."""
+    bounding = ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in sorted(caps))])
+    return ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs"]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = STARTUP_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
