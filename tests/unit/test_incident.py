@@ -92,6 +92,9 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
         "heartbeat_age": 0.2, "phase": "",
+        "timeline": {"last_event_at": T0, "exited_at": None, "collectives": [
+            {"group": "0", "seq": 56, "op": "all_reduce", "completed": True,
+             "entered_at": T0 + 2.6}]},
     }  # fmt: skip
     assert rows[0]["state"] == "WAITING"
     assert rows[0]["last_collective"]["completed"] is False

@@ -23,10 +23,12 @@ from typing import Any, TextIO
 
 from agent.daemon import Agent
 from watchdog import env as _env
+from watchdog.cli.discover import claim_run_socket
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.errors import ExitCode
+from watchdog.report import write_html
 from watchdog.transport import start_server
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class RunOptions:
     policy: StallPolicy
     on_hang: str = "report"  # or "kill"
     report_path: str | None = None
+    report_html: str | None = None  # the first hang incident as an HTML page
     db_path: str = ""
     color: bool = False
     native: bool = False  # py-spy --native stacks
@@ -61,15 +64,24 @@ class _Run:
         self.out = out
         self.incidents: list[dict[str, Any]] = []
         self.hang = asyncio.Event()
+        self.html_written = False
 
     def on_incident(self, incident: dict[str, Any]) -> None:
         self.incidents.append(incident)
         if self.options.report_path:
             write_report(self.options.report_path, incident)
+        if self.options.report_html and not self.html_written and is_hang(incident):
+            write_html(self.options.report_html, incident)
+            self.html_written = True
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
         if self.options.on_hang == "kill":
             self.hang.set()
+
+
+def is_hang(incident: dict[str, Any]) -> bool:
+    """Incidents without a severity come from releases that had hangs only."""
+    return bool(incident.get("severity", "hang") == "hang")
 
 
 async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
@@ -82,9 +94,11 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     state = _Run(options, out)
     coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
     coordinator.listeners.append(state.on_incident)
-    address = f"unix:{run_dir}/coordinator.sock"
+    # In the runs directory, `watchdog status` finds it; where that cannot be, in our own.
+    socket_path = claim_run_socket(os.getpid()) or f"{run_dir}/coordinator.sock"
+    address = f"unix:{socket_path}"
     server, _ = await start_server(coordinator, address)
-    os.chmod(f"{run_dir}/coordinator.sock", 0o600)
+    os.chmod(socket_path, 0o600)
     agent = Agent(address, run_dir, _env.short_hostname(), INTERVAL_S,
                   scan_unhooked=False, native=options.native)
     stop = asyncio.Event()
@@ -109,6 +123,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         await asyncio.gather(*daemons, return_exceptions=True)
         await server.stop(grace=1.0)
         store.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
