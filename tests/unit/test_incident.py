@@ -279,3 +279,14 @@ def test_barrier_trap_renders_both_stacks_apart() -> None:
         {"ranks": [0], "top": "barrier (distributed_c10d.py:4811)"},
         {"ranks": [1, 2, 3], "top": "_engine_run_backward (graph.py:829)"},
     ]
+
+
+def test_timeline_keeps_each_groups_last_collective_the_latest_first_bounded() -> None:
+    groups = [done(10 + g, float(g), group=str(g), ranks=(0,)) for g in range(12)]
+    job = snapshot(exited(rank(0, *groups), at=20.0, code=1, clean=False))
+    timeline = rank_rows(job)[0]["timeline"]
+    assert timeline["last_event_at"] == T0
+    assert timeline["exited_at"] == T0 + 20.0
+    assert [c["group"] for c in timeline["collectives"]] == [str(g) for g in range(11, 3, -1)]
+    assert timeline["collectives"][0] == {"group": "11", "seq": 21, "op": "all_reduce",
+                                          "completed": True, "entered_at": T0 + 11.0}

@@ -21,7 +21,7 @@ import pwd
 import re
 import socket
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -101,12 +101,13 @@ def candidate_dirs(env: Mapping[str, str] = os.environ) -> list[tuple[str, int]]
 
 
 @contextlib.contextmanager
-def open_runs(env: Mapping[str, str] = os.environ) -> Iterator[list[RunSocket]]:
-    """Every live run's socket this user may see, held open while the block runs."""
+def open_runs(dirs: Sequence[tuple[str, int]] | None = None) -> Iterator[list[RunSocket]]:
+    """Every live run's socket this user may see (in `dirs`, by default `candidate_dirs()`),
+    held open while the block runs."""
     runs: list[RunSocket] = []
     seen: set[tuple[int, int]] = set()
     try:
-        for directory, owner in candidate_dirs(env):
+        for directory, owner in candidate_dirs() if dirs is None else dirs:
             runs += _runs_in(directory, owner, seen)
         yield runs
     finally:
