@@ -170,9 +170,12 @@ def test_exited_rank_shows_its_exit_on_the_timeline() -> None:
 
 def test_job_page_grid_has_one_cell_per_rank_culprit_outlined() -> None:
     record = incident()
+    live = [dict(row, stack=[]) for row in record["ranks"]]  # status rows carry no stacks
     job = {"job_id": "j", "state": "HUNG", "world_size": 4, "nodes": ["node-a"],
-           "ranks": record["ranks"], "verdict": record}
-    cells = Elements(job_page(job)).with_class("cell")
+           "ranks": live, "verdict": record}
+    page = job_page(job)
+    assert "read_sample_from_storage (train.py:42)" in page  # from the verdict's stacks
+    cells = Elements(page).with_class("cell")
     assert [c["data-rank"] for c in cells] == ["0", "1", "2", "3"]
     assert [c["data-rank"] for c in cells if "culprit" in c["class"]] == ["1"]
     assert {c["data-state"] for c in cells} == {"WAITING", "STALLED"}

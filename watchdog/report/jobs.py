@@ -50,9 +50,9 @@ def jobs_page(status: Mapping[str, Any], incidents: Sequence[Mapping[str, Any]])
 
 def job_page(job: Mapping[str, Any]) -> str:
     """A job's state, its current verdict, its ranks as a grid coloured by state."""
-    rows = [r for r in job.get("ranks") or () if isinstance(r, Mapping)
-            and isinstance(r.get("rank"), int)]
     verdict = job.get("verdict")
+    rows = _with_stacks([r for r in job.get("ranks") or () if isinstance(r, Mapping)
+                         and isinstance(r.get("rank"), int)], verdict)
     culprits = set(verdict.get("culprit_ranks") or ()) if isinstance(verdict, Mapping) else set()
     job_id = str(job.get("job_id", "?"))
     parts = [nav(job_id), f'<h1>job <span class="mono">{esc(job_id)}</span> '
@@ -108,6 +108,16 @@ def error_page(code: int, message: str) -> str:
     return document(f"{code}", [nav(), f"<h1>{code}</h1><p>{esc(message)}</p>"])
 
 
+def _with_stacks(rows: list[Mapping[str, Any]], verdict: object) -> list[Mapping[str, Any]]:
+    """Live rows carry no stacks; the verdict's rows have the ones it was decided on."""
+    if not isinstance(verdict, Mapping):
+        return rows
+    stacks = {r.get("rank"): r.get("stack") for r in verdict.get("ranks") or ()
+              if isinstance(r, Mapping)}
+    return [row if row.get("stack") or not stacks.get(row["rank"]) else
+            {**row, "stack": stacks[row["rank"]]} for row in rows]
+
+
 def _job_row(job: Mapping[str, Any]) -> str:
     job_id = str(job.get("job_id", "?"))
     verdict = job.get("verdict")
@@ -116,7 +126,7 @@ def _job_row(job: Mapping[str, Any]) -> str:
     counts = Counter(str(r.get("state", "?")) for r in job.get("ranks") or ()
                      if isinstance(r, Mapping))
     by_state = ", ".join(f"{n} {esc(s)}" for s, n in sorted(counts.items(), key=_state_order))
-    return (f'<tr class="job" data-job="{esc(job_id)}"><td class="mono"><a href="'
+    return (f'<tr class="job" data-job="{esc(job_id)}"><td class="mono nowrap"><a href="'
             f'{esc(job_href(job_id))}">{esc(job_id)}</a></td>'
             f"<td>{state_badge(job.get('state', '?'))}</td><td>{esc(job.get('world_size', '?'))}"
             f"</td><td>{esc(', '.join(map(str, job.get('nodes') or ())) or '-')}</td>"

@@ -37,7 +37,7 @@ code, .mono, pre { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas,
                    font-size: 12.5px; }
 pre { background: var(--bg); border: 1px solid var(--line); padding: 8px 10px; overflow-x: auto;
       white-space: pre-wrap; word-break: break-all; margin: 4px 0; }
-.muted { color: var(--muted); }
+.muted { color: var(--muted); } .nowrap { white-space: nowrap; }
 .verdict { border-left: 6px solid #c62828; background: #fff5f5; padding: 12px 16px;
            margin: 12px 0; }
 .verdict.notice { border-color: #1565c0; background: #f1f6fd; }
