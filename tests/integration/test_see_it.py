@@ -4,9 +4,12 @@ headless Chromium (default settings: no XDG_RUNTIME_DIR, the runs directory unde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -95,6 +98,31 @@ def test_status_with_no_flags_finds_the_running_job(hung_run: HungRun) -> None:
     assert job["verdict"]["id"] == hung_run.incident["id"]
     assert job["verdict"]["culprit_ranks"] == [2]
     assert set(job) == {"job_id", "state", "world_size", "nodes", "ranks", "verdict"}
+
+
+def test_a_run_that_does_not_answer_is_skipped_with_a_note(hung_run: HungRun) -> None:
+    """A socket that takes connections and drops them, as a wedged run's would."""
+    path = hung_run.socket.with_name(f"run-{os.getpid()}.sock")
+
+    def drop_every_connection(listener: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # until the listener is shut down
+            while True:
+                listener.accept()[0].close()
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
+        mute.bind(str(path))
+        mute.listen()
+        dropper = threading.Thread(target=drop_every_connection, args=(mute,), daemon=True)
+        dropper.start()
+        try:
+            out = status(hung_run, "--json")
+        finally:
+            path.unlink()
+            mute.shutdown(socket.SHUT_RDWR)
+            dropper.join(5)
+    assert out.returncode == 0, out.stderr
+    assert f"watchdog status: skipped watchdog run, pid {os.getpid()}, user " in out.stderr
+    assert hung_run.job_id in [job["job_id"] for job in json.loads(out.stdout)["jobs"]]
 
 
 def test_html_report_of_a_real_hang_in_chromium(hung_run: HungRun, browser: Any) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from watchdog.errors import UsageError
 from watchdog.web.auth import COOKIE, WebAuth
+from watchdog.web.server import local_path
 
 TOKEN = "5b1e9c0d7a3f4e2b8c6d0a1f9e8d7c6b"
 
@@ -44,3 +45,10 @@ def test_with_a_token_the_bearer_or_the_session_cookie() -> None:
 def test_a_new_token_ends_every_session() -> None:
     old = WebAuth(TOKEN, "127.0.0.1:1").session_cookie(secure=False).split(";")[0]
     assert not WebAuth(TOKEN[::-1], "127.0.0.1:1").allows(None, old)
+
+
+def test_after_signing_in_readers_go_back_to_this_site_only() -> None:
+    assert local_path("/jobs/a%2Fb?x=1") == "/jobs/a%2Fb?x=1"
+    for elsewhere in ("//attacker.example/", "/\\attacker.example", "https://attacker.example/",
+                      "jobs", "", "/\r\nSet-Cookie: x=1", "/jobs/\u00e9"):
+        assert local_path(elsewhere) == "/", elsewhere

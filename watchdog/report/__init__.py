@@ -3,7 +3,6 @@ page, and the web view's pages of jobs and ranks. Every worker-supplied string i
 """
 
 from watchdog.report.incident import incident_html, write_html
-from watchdog.report.jobs import error_page, job_href, job_page, jobs_page, login_page
+from watchdog.report.jobs import error_page, job_page, jobs_page, login_page
 
-__all__ = ["error_page", "incident_html", "job_href", "job_page", "jobs_page", "login_page",
-           "write_html"]
+__all__ = ["error_page", "incident_html", "job_page", "jobs_page", "login_page", "write_html"]

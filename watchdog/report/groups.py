@@ -80,13 +80,13 @@ def group_ranks(rows: Sequence[Row], culprits: Collection[int],
     ordered = sorted(rows, key=lambda r: int(r["rank"]))
     frames = {int(r["rank"]): frames_of(r) for r in ordered}
     signatures = {rank: stack_signature(f) for rank, f in frames.items()}
-    groups: dict[Hashable, list[Row]] = {}
+    groups: dict[tuple[bool, Hashable], list[Row]] = {}
     for level in _levels(signatures):
         groups = {}
         for row in ordered:
             groups.setdefault((int(row["rank"]) in culprits, level(row)), []).append(row)
         if len(groups) <= limit:
             break
-    found = [RankGroup(members, bool(key[0]), frames[int(members[0]["rank"])])  # type: ignore[index]
-             for key, members in groups.items()]
+    found = [RankGroup(members, culprit, frames[int(members[0]["rank"])])
+             for (culprit, _), members in groups.items()]
     return sorted(found, key=lambda g: (not g.culprit, g.ranks[0]))

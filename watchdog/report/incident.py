@@ -42,8 +42,9 @@ def write_html(path: str, incident: Incident) -> None:
 
 
 def incident_sections(incident: Incident) -> list[str]:
-    rows = [r for r in incident.get("ranks") or () if isinstance(r, Mapping) and "rank" in r]
-    culprits = {int(r) for r in incident.get("culprit_ranks") or ()}
+    rows = [r for r in incident.get("ranks") or () if isinstance(r, Mapping)
+            and isinstance(r.get("rank"), int)]
+    culprits = {r for r in incident.get("culprit_ranks") or () if isinstance(r, int)}
     groups = group_ranks(rows, culprits)
     detected = float(incident.get("detected_at") or time.time())
     return [

@@ -157,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_FORM_BYTES:
             raise PageError(413, "form too large")
         form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"))
-        target = _local_path(form.get("next", ["/"])[0])
+        target = local_path(form.get("next", ["/"])[0])
         auth = self.server.auth
         if not auth.required:
             return 303, "", {"Location": target}
@@ -168,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         return 303, "", {"Location": target, "Set-Cookie": cookie}
 
     def _next(self) -> str:
-        return _local_path(parse_qs(urlsplit(self.path).query).get("next", ["/"])[0])
+        return local_path(parse_qs(urlsplit(self.path).query).get("next", ["/"])[0])
 
 
 def _status(source: WebSource) -> dict[str, Any]:
@@ -178,9 +178,12 @@ def _status(source: WebSource) -> dict[str, Any]:
         raise PageError(503, "the coordinator did not answer in time; try again") from None
 
 
-def _local_path(target: str) -> str:
-    """Only a path on this site: never '//elsewhere' or a scheme, which would redirect away."""
-    return target if target.startswith("/") and not target.startswith(("//", "/\\")) else "/"
+def local_path(target: str) -> str:
+    """Only a path on this site, as a header may carry it: never '//elsewhere' or a scheme,
+    which would redirect away, nor a line break, which would end the header."""
+    printable = all(" " < c < "\x7f" for c in target)
+    return target if printable and target.startswith("/") and not target.startswith(
+        ("//", "/\\")) else "/"
 
 
 class WebView:

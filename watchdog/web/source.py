@@ -6,6 +6,7 @@ writes)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from typing import Any
 
@@ -26,9 +27,9 @@ class CoordinatorSource:
         future = asyncio.run_coroutine_threadsafe(self._status_json(), self._loop)
         try:
             text = future.result(timeout=STATUS_TIMEOUT_S)
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:  # not the builtin one before Python 3.11
             future.cancel()
-            raise
+            raise TimeoutError("the coordinator's event loop did not answer") from None
         status: dict[str, Any] = json.loads(text)
         return status
 
