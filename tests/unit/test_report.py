@@ -3,15 +3,18 @@ and incidents that lack fields or carry newer ones."""
 
 from __future__ import annotations
 
-import copy
 import html
+import io
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 from test_incident import incident
 from test_verdict import DATA_STALL, DDP_BACKWARD, SITE
 
+from watchdog.cli.embedded import RunOptions, _Run
+from watchdog.coordinator.stall import StallPolicy
 from watchdog.model import Frame
 from watchdog.report import incident_html, job_page, jobs_page
 from watchdog.report.groups import group_ranks
@@ -71,11 +74,8 @@ def test_library_lines_do_not_split_the_tree_but_user_lines_do() -> None:
 def test_ranks_that_behave_alike_share_a_row_even_by_thousands() -> None:
     record = incident()
     template = record["ranks"]
-    rows = []
-    for rank in range(4096):
-        row = copy.deepcopy(template[1 if rank == 2049 else 0])
-        row["rank"], row["host"] = rank, f"node-{rank // 8:04d}"
-        rows.append(row)
+    rows = [dict(template[1 if rank == 2049 else 0], rank=rank, host=f"node-{rank // 8:04d}")
+            for rank in range(4096)]
     groups = group_ranks(rows, culprits={2049})
     assert [(g.culprit, g.label) for g in groups] == [
         (True, "rank 2049"), (False, "ranks 0-2048,2050-4095")]
@@ -180,3 +180,22 @@ def test_job_page_grid_has_one_cell_per_rank_culprit_outlined() -> None:
     assert [c["data-rank"] for c in cells if "culprit" in c["class"]] == ["1"]
     assert {c["data-state"] for c in cells} == {"WAITING", "STALLED"}
 
+
+
+def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) -> None:
+    page = tmp_path / "hang.html"
+    out = io.StringIO()
+    run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill", report_html=str(page)), out)
+    notice = dict(incident(), id="n1", severity="notice", summary="rank 0 busy")
+    run.on_incident(notice)
+    assert not page.exists()  # notices are not hangs
+    run.on_incident(incident())
+    run.on_incident(dict(incident(), id="later", summary="a later hang"))
+    assert "rank 1 (stuck in read_sample_from_storage" in page.read_text()  # the first one
+    assert "a later hang" not in page.read_text()
+
+    broken = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill",
+                             report_html=str(tmp_path / "no" / "such" / "dir.html")), out)
+    broken.on_incident(incident())
+    assert broken.hang.is_set()  # --on-hang still acts
+    assert "cannot write the HTML report" in out.getvalue()

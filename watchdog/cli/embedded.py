@@ -1,8 +1,8 @@
 """The embedded mode of `watchdog run` and `watchdog demo` (CLI process): a coordinator and an
 agent in one asyncio process beside the job.
 
-They still talk gRPC, over a 0600 unix socket in a private run directory, so this path is the
-same code as the multi-process deployment.
+They still talk gRPC, over a 0600 unix socket in the user's runs directory (where `watchdog
+status` finds it; `discover`), so this path is the same code as the multi-process deployment.
 """
 
 from __future__ import annotations
@@ -71,12 +71,22 @@ class _Run:
         if self.options.report_path:
             write_report(self.options.report_path, incident)
         if self.options.report_html and not self.html_written and is_hang(incident):
-            write_html(self.options.report_html, incident)
-            self.html_written = True
+            self.html_written = self._write_html(self.options.report_html, incident)
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
         if self.options.on_hang == "kill":
             self.hang.set()
+
+
+    def _write_html(self, path: str, incident: dict[str, Any]) -> bool:
+        """The page is a convenience: printing the incident and --on-hang never wait on it."""
+        try:
+            write_html(path, incident)
+        except Exception as e:
+            log.debug("writing %s failed", path, exc_info=True)
+            self.out.write(f"watchdog: cannot write the HTML report to {path}: {e}\n")
+            return False
+        return True
 
 
 def is_hang(incident: dict[str, Any]) -> bool:
