@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -179,3 +182,40 @@ def test_the_run_leaves_no_socket_behind(hung_run: HungRun) -> None:
     assert not hung_run.socket.exists(), hung_run.output
     after = status(hung_run, "--json")
     assert hung_run.job_id not in after.stdout
+
+
+def as_user(user: str, *cmd: str) -> list[str]:
+    return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
+            "--clear-groups", *cmd]
+
+
+def test_each_user_sees_their_own_runs_and_root_sees_everyones() -> None:
+    """A `watchdog run` of the unprivileged user nobody, seen by nobody and by root, not by
+    another user."""
+    nobody = pwd.getpwnam("nobody")
+    home = Path(tempfile.mkdtemp(prefix="watchdog-nobody-"))
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "WATCHDOG_DB": str(home / "i.db"),
+           "WATCHDOG_BEACON_DIR": str(home / "beacons")}
+    run = subprocess.Popen(as_user("nobody", *WATCHDOG, "run", "--", "sleep", "120"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    socket_path = Path(f"/tmp/torch-hang-watchdog-{nobody.pw_uid}/run-{run.pid}.sock")
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path.is_socket():
+            assert run.poll() is None and time.monotonic() < deadline, stop_process(run)
+            time.sleep(0.1)
+        header = f"== watchdog run, pid {run.pid}, user nobody\nno jobs"
+
+        def status_as(*user: str) -> subprocess.CompletedProcess[str]:
+            cmd = as_user(*user, *WATCHDOG, "status") if user else [*WATCHDOG, "status"]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+        assert header in status_as("nobody").stdout
+        assert header in status_as().stdout  # root
+        other = status_as("daemon")
+        assert f"pid {run.pid}" not in other.stdout + other.stderr
+    finally:
+        stop_process(run)
+        shutil.rmtree(home, ignore_errors=True)
+    assert not socket_path.exists()
