@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import chromium
 from _harness import JOB_TIMEOUT_S, WATCHDOG, WatchedRun, job_env
 
 from agent.stacks import find_py_spy
@@ -56,3 +58,10 @@ def watch(tmp_path: Path) -> Any:
         return WatchedRun(proc.returncode, proc.stdout + proc.stderr, incident)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium, one per test module (it takes a second or two to start)."""
+    with chromium() as b:
+        yield b

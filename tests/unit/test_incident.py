@@ -93,6 +93,9 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
         "heartbeat_age": 0.2, "phase": "", "activity": None,
+        "timeline": {"last_event_at": T0, "exited_at": None, "collectives": [
+            {"group": "0", "seq": 56, "op": "all_reduce", "completed": True,
+             "entered_at": T0 + 2.6}]},
     }  # fmt: skip
     assert rows[0]["state"] == "WAITING"
     assert rows[0]["last_collective"]["completed"] is False
@@ -277,3 +280,14 @@ def test_barrier_trap_renders_both_stacks_apart() -> None:
         {"ranks": [0], "top": "barrier (distributed_c10d.py:4811)"},
         {"ranks": [1, 2, 3], "top": "_engine_run_backward (graph.py:829)"},
     ]
+
+
+def test_timeline_keeps_each_groups_last_collective_the_latest_first_bounded() -> None:
+    groups = [done(10 + g, float(g), group=str(g), ranks=(0,)) for g in range(12)]
+    job = snapshot(exited(rank(0, *groups), at=20.0, code=1, clean=False))
+    timeline = rank_rows(job)[0]["timeline"]
+    assert timeline["last_event_at"] == T0
+    assert timeline["exited_at"] == T0 + 20.0
+    assert [c["group"] for c in timeline["collectives"]] == [str(g) for g in range(11, 3, -1)]
+    assert timeline["collectives"][0] == {"group": "11", "seq": 21, "op": "all_reduce",
+                                          "completed": True, "entered_at": T0 + 11.0}

@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from watchdog.cli import options
 from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import UsageError
+
+if TYPE_CHECKING:
+    from watchdog.coordinator import Coordinator
+    from watchdog.web import WebAuth, WebView
 
 HELP = "the coordinator daemon"
 
@@ -33,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notify-webhook", action="append", default=[], type=_webhook_url,
                    metavar="URL", help="POST the JSON of each hang incident to URL "
                                        "(repeatable); see the README for Slack and Alertmanager")
+    p.add_argument("--web-listen", metavar="HOST:PORT",
+                   help="also serve a read-only web view of jobs, ranks and incidents here (off "
+                        "by default; with a token, readers sign in with it; without one, "
+                        "loopback only)")
 
 
 def _webhook_url(text: str) -> str:
@@ -50,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.coordinator.gauges import keep_sampled
     from watchdog.coordinator.webhook import Webhooks
     from watchdog.transport import Health, server_security, start_server
+    from watchdog.web import WebAuth
 
     security = server_security(args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca)
     store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
@@ -57,18 +67,24 @@ def run(args: argparse.Namespace) -> int:
     webhooks = Webhooks(args.notify_webhook)
     if webhooks.hooks:
         coordinator.listeners.append(webhooks)
+    web_auth = None if args.web_listen is None else WebAuth(security.token, args.web_listen)
 
     async def serve(stop: asyncio.Event) -> None:
         health = await Health.create()
         server, port = await start_server(coordinator, args.listen, security, health)
         status = f"listening on {args.listen} (port {port}), incidents in {store.path}"
+        web = None
         try:
             async with daemon_services(stop, Vitals(lambda: coordinator.heartbeat), status,
                                        health, args.health_listen, args.metrics_listen):
                 print(f"watchdog coordinator {status}", file=sys.stderr, flush=True)
+                if web_auth is not None:
+                    web = _start_web(args, coordinator, web_auth, store.path)
                 sampled = [keep_sampled(coordinator, stop)] if args.metrics_listen else []
                 await asyncio.gather(coordinator.run(stop), *sampled)
         finally:
+            if web is not None:
+                await asyncio.to_thread(web.stop)
             await server.stop(grace=1.0)
             await asyncio.to_thread(webhooks.close)
 
@@ -77,3 +93,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _start_web(args: argparse.Namespace, coordinator: Coordinator, auth: WebAuth,
+               db_path: str) -> WebView:
+    from watchdog.web import CoordinatorSource, WebView, tls_context
+
+    source = CoordinatorSource(coordinator, asyncio.get_running_loop(), db_path)
+    web = WebView(args.web_listen, source, auth, tls_context(args.tls_cert, args.tls_key))
+    web.start()
+    scheme = "https" if args.tls_cert else "http"
+    print(f"watchdog coordinator web view on {scheme}://{args.web_listen}/ (port {web.port})",
+          file=sys.stderr, flush=True)
+    return web

@@ -1,8 +1,8 @@
 """The embedded mode of `watchdog run` and `watchdog demo` (CLI process): a coordinator and an
 agent in one asyncio process beside the job.
 
-They still talk gRPC, over a 0600 unix socket in a private run directory, so this path is the
-same code as the multi-process deployment.
+They still talk gRPC, over a 0600 unix socket in the user's runs directory (where `watchdog
+status` finds it; `discover`), so this path is the same code as the multi-process deployment.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from typing import Any, TextIO
 from agent.daemon import Agent
 from watchdog import env as _env
 from watchdog import metrics
+from watchdog.cli.discover import claim_run_socket
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode
+from watchdog.report import write_html
 from watchdog.transport import start_server
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class RunOptions:
     policy: StallPolicy
     on_hang: str = "report"  # or "kill"
     report_path: str | None = None
+    report_html: str | None = None  # the first hang incident as an HTML page
     db_path: str = ""
     color: bool = False
     native: bool = False  # py-spy --native stacks
@@ -64,18 +67,31 @@ class _Run:
         self.out = out
         self.incidents: list[dict[str, Any]] = []
         self.hang = asyncio.Event()
+        self.reported = False  # the first hang went to --report and --report-html
 
     def on_incident(self, incident: dict[str, Any]) -> None:
         """Every incident is printed once; only a hang is the report and ends the job."""
         self.incidents.append(incident)
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
-        if not is_hang(incident) or self.hang.is_set():
+        if not is_hang(incident):
             return
-        if self.options.report_path:
-            write_report(self.options.report_path, incident)
+        if not self.reported:
+            self.reported = True
+            if self.options.report_path:
+                write_report(self.options.report_path, incident)
+            if self.options.report_html:
+                self._write_html(self.options.report_html, incident)
         if self.options.on_hang == "kill":
             self.hang.set()
+
+    def _write_html(self, path: str, incident: dict[str, Any]) -> None:
+        """The page is a convenience: printing the incident and --on-hang never wait on it."""
+        try:
+            write_html(path, incident)
+        except Exception as e:
+            log.debug("writing %s failed", path, exc_info=True)
+            self.out.write(f"watchdog: cannot write the HTML report to {path}: {e}\n")
 
 
 async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
@@ -88,9 +104,11 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     state = _Run(options, out)
     coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
     coordinator.listeners.append(state.on_incident)
-    address = f"unix:{run_dir}/coordinator.sock"
+    # In the runs directory, `watchdog status` finds it; where that cannot be, in our own.
+    socket_path = claim_run_socket(os.getpid()) or f"{run_dir}/coordinator.sock"
+    address = f"unix:{socket_path}"
     server, _ = await start_server(coordinator, address)
-    os.chmod(f"{run_dir}/coordinator.sock", 0o600)
+    os.chmod(socket_path, 0o600)
     agent = Agent(address, run_dir, _env.short_hostname(), INTERVAL_S,
                   scan_unhooked=False, native=options.native)
     stop = asyncio.Event()
@@ -121,6 +139,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         if exporter is not None:
             exporter.close()
         store.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

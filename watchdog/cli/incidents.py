@@ -17,12 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
     p.add_argument("id", nargs="?", help="incident id (for show)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--html", metavar="PATH",
+                   help="show: write the incident to PATH as one self-contained HTML page")
     options.add_db_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from watchdog.coordinator import IncidentStore, default_db_path
 
+    if args.html and args.action != "show":
+        raise UsageError("--html goes with `incidents show ID`")
     store = IncidentStore(args.db or default_db_path())
     try:
         if args.action == "show":
@@ -32,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
             body = store.get_json(args.id)
             if body is None:
                 raise WatchdogError(f"no incident {args.id} in {store.path}")
-            print(body if args.json else render_incident(json.loads(body), use_color(sys.stdout)))
+            if args.html:
+                _write_html(args.html, json.loads(body))
+            else:
+                print(body if args.json else render_incident(json.loads(body),
+                                                             use_color(sys.stdout)))
         elif args.json:
             print("[" + ", ".join(store.list_json()) + "]")
         else:
@@ -40,3 +48,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _write_html(path: str, incident: dict[str, object]) -> None:
+    from watchdog.report import write_html
+
+    try:
+        write_html(path, incident)
+    except OSError as e:
+        raise WatchdogError(f"cannot write {path}: {e.strerror}") from e
+    print(f"wrote incident {incident['id']} to {path}", file=sys.stderr)

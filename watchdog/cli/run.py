@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-hang", choices=("report", "kill"), default="report",
                    help="after a diagnosis: keep the job running (report) or end it (kill)")
     p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
+    p.add_argument("--report-html", metavar="PATH",
+                   help="write the first hang incident to PATH as one self-contained HTML page")
     options.add_db_option(p)
     options.add_native_option(p)
     options.add_metrics_option(p)
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.coordinator import default_db_path
 
     run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang, args.report,
-                             args.db or default_db_path(), use_color(sys.stderr), args.native,
+                             args.report_html, args.db or default_db_path(),
+                             use_color(sys.stderr), args.native,
                              metrics_listen=args.metrics_listen)
     return asyncio.run(run_job(run_options))

@@ -1,35 +1,129 @@
-"""`watchdog status`: the jobs a coordinator follows, their ranks and current verdicts."""
+"""`watchdog status`: the jobs a coordinator follows, their ranks and current verdicts. Without
+`--coordinator`, every job on this machine: each running `watchdog run` (`discover`) and the
+service coordinator at the default address, merged into one list."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import socket
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from watchdog.cli import options
 from watchdog.cli.render import render_status, use_color
 from watchdog.env import DEFAULT_ADDRESS
+from watchdog.errors import CoordinatorUnreachableError, WatchdogError
+from watchdog.transport import ClientSecurity
 
 HELP = "jobs, ranks and the current verdict"
+SOURCE_TIMEOUT_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="ask this coordinator only (default: every `watchdog run` on this "
+                        f"machine and the coordinator at {DEFAULT_ADDRESS})")
     options.add_client_security_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable (the contract)")
 
 
+@dataclass(frozen=True)
+class Source:
+    label: str
+    address: str
+    security: ClientSecurity | None = None
+
+
+@dataclass
+class Answer:
+    source: Source
+    jobs: list[dict[str, Any]]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.coordinator is not None:
+        text = asyncio.run(_status_text(Source("", args.coordinator,
+                                               options.client_security_of(args))))
+        print(text if args.json else render_status(json.loads(text), color=use_color(sys.stdout)))
+        return 0
+    from watchdog.cli.discover import open_runs
+
+    service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS,
+                     options.client_security_of(args))
+    with open_runs() as runs:
+        sources = [Source(r.label, r.address) for r in runs]
+        if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
+            sources.append(service)
+        answers, notes = asyncio.run(ask_all(sources))
+    for note in notes:
+        print(f"watchdog status: skipped {note}", file=sys.stderr)
+    if not answers:
+        raise CoordinatorUnreachableError(
+            f"no job to show: no `watchdog run` found on this machine and no coordinator "
+            f"answered at {DEFAULT_ADDRESS}",
+            hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
+    merged = merge(answers)
+    if args.json:
+        print(json.dumps({"jobs": [job for answer in merged for job in answer.jobs]}))
+    else:
+        print(render_answers(merged, use_color(sys.stdout)))
+    return 0
+
+
+async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:
+    """Every source's jobs, asked at once; a note for each that did not answer."""
+    results = await asyncio.gather(*(_ask(s) for s in sources))
+    answers = [r for r in results if isinstance(r, Answer)]
+    notes = [r for r in results if isinstance(r, str)]
+    return answers, notes
+
+
+async def _ask(source: Source) -> Answer | str:
+    try:
+        text = await _status_text(source, SOURCE_TIMEOUT_S)
+        jobs = json.loads(text)["jobs"]
+    except WatchdogError as e:
+        return f"{source.label}: {str(e).splitlines()[0]}"
+    except (ValueError, KeyError, TypeError):
+        return f"{source.label}: its answer is not status JSON"
+    return Answer(source, [job for job in jobs if isinstance(job, dict)])
+
+
+async def _status_text(source: Source, timeout: float = 10.0) -> str:
     from watchdog.transport import CoordinatorClient
 
-    async def fetch() -> str:
-        client = CoordinatorClient(args.coordinator, options.client_security_of(args))
-        try:
-            return await client.status_json()
-        finally:
-            await client.close()
+    client = CoordinatorClient(source.address, source.security)
+    try:
+        return await client.status_json(timeout=timeout)
+    finally:
+        await client.close()
 
-    text = asyncio.run(fetch())
-    print(text if args.json else render_status(json.loads(text), color=use_color(sys.stdout)))
-    return 0
+
+def merge(answers: Sequence[Answer]) -> list[Answer]:
+    """Each job once: a job that two coordinators follow (a service agent also sees the workers
+    of a `watchdog run`) is shown as the first source, the run itself, sees it."""
+    seen: set[str] = set()
+    merged = []
+    for answer in answers:
+        jobs = [job for job in answer.jobs if job.get("job_id") not in seen]
+        seen.update(str(job.get("job_id")) for job in jobs)
+        merged.append(Answer(answer.source, jobs))
+    return merged
+
+
+def render_answers(answers: Sequence[Answer], color: bool) -> str:
+    return "\n\n".join(f"== {answer.source.label}\n{render_status({'jobs': answer.jobs}, color)}"
+                       for answer in answers)
+
+
+def _listening(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False

@@ -22,6 +22,8 @@ from watchdog.coordinator.evidence import (
 from watchdog.explain.scan import explain_lines
 from watchdog.model import JobSnapshot, Kind, RankStack, RankState, RankStatus, Verdict
 
+TIMELINE_GROUPS = 8  # an incident row carries the last collective of at most this many groups
+
 
 def build_incident(
     snapshot: JobSnapshot,
@@ -122,6 +124,7 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "heartbeat_age": rank.heartbeat_age,
         "phase": rank.phase,
         "activity": _activity(rank),
+        "timeline": _timeline(rank),
     }
 
 
@@ -148,6 +151,22 @@ def _last_collective(rank: RankState) -> dict[str, Any] | None:
         "seq": last.entered_seq,
         "op": last.entered_op,
         "completed": not last.pending,
+    }
+
+
+def _timeline(rank: RankState) -> dict[str, Any]:
+    """When this rank last did things, for the HTML report's timeline: its last event, its exit
+    and the last collective of each of its groups (the TIMELINE_GROUPS entered last), with
+    times. The beacon keeps no older history, so neither does the incident."""
+    latest = sorted(rank.groups, key=lambda progress: progress.entered_at, reverse=True)
+    return {
+        "last_event_at": rank.last_event_at or None,
+        "exited_at": rank.exited_at,
+        "collectives": [
+            {"group": p.group, "seq": p.entered_seq, "op": p.entered_op,
+             "completed": not p.pending, "entered_at": p.entered_at}
+            for p in latest[:TIMELINE_GROUPS]
+        ],
     }
 
 

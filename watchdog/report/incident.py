@@ -1,0 +1,231 @@
+"""One incident as an HTML page (`incidents show --html`, `run --report-html`, the web view):
+the verdict sentence, the per-rank timeline, the merged stack tree, the ranks grouped by
+behaviour, each culprit's evidence and the log findings with their explanations.
+
+Renders whatever the incident JSON carries, and tolerates what it lacks: incidents of older
+releases, and fields (severity, activity, exit reasons) that newer ones add.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from watchdog import __version__
+from watchdog.coordinator.evidence import frame_site, stuck_frame
+from watchdog.report.groups import RankGroup, group_ranks
+from watchdog.report.page import document, esc, state_badge
+from watchdog.report.stacks import frames_of, render_tree
+from watchdog.report.timeline import lanes_of, render_timeline
+from watchdog.text import ranks_text
+
+Incident = Mapping[str, Any]
+MAX_CULPRITS_SHOWN = 8
+SEVERITY_CLASS = {"hang": "", "notice": " notice", "warning": " warning"}
+
+
+def incident_html(incident: Incident, nav: str = "") -> str:
+    """The whole page; `nav` is a line of links above it (the web view's)."""
+    title = f"{incident.get('kind', 'incident')} in {incident.get('job_id', '?')}"
+    return document(title, [nav, *incident_sections(incident)])
+
+
+def write_html(path: str, incident: Incident) -> None:
+    """The page, written whole or not at all."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(incident_html(incident))
+    os.replace(tmp, path)
+
+
+def incident_sections(incident: Incident) -> list[str]:
+    rows = [r for r in incident.get("ranks") or () if isinstance(r, Mapping)
+            and isinstance(r.get("rank"), int)]
+    culprits = {r for r in incident.get("culprit_ranks") or () if isinstance(r, int)}
+    groups = group_ranks(rows, culprits)
+    detected = float(incident.get("detected_at") or time.time())
+    return [
+        verdict_html(incident, len(rows)),
+        "<h2>Where each rank is</h2>",
+        render_timeline(lanes_of(groups), detected),
+        _timeline_legend(),
+        "<h2>Stacks of all ranks, merged</h2>",
+        render_tree({int(r["rank"]): frames_of(r) for r in rows}, culprits,
+                    without=[int(r["rank"]) for r in rows if not frames_of(r)]),
+        "<h2>Ranks</h2>",
+        group_table(groups),
+        rank_table(rows, culprits),
+        *culprit_sections(rows, culprits),
+        findings_html(rows),
+        f'<p class="muted">torch-hang-watchdog {esc(__version__)} · incident '
+        f"{esc(incident.get('id', '?'))}</p>",
+    ]
+
+
+def verdict_html(incident: Incident, world: int) -> str:
+    severity = str(incident.get("severity") or "hang")
+    facts = [f"<span>job <b class=\"mono\">{esc(incident.get('job_id', '?'))}</b></span>",
+             f"<span>detected <b>{esc(_when(incident.get('detected_at')))}</b></span>",
+             f"<span><b>{world}</b> ranks</span>"]
+    culprits = incident.get("culprit_ranks") or []
+    if culprits:
+        facts.append(f"<span>culprit <b>{esc(ranks_text(culprits))}</b></span>")
+    waiting = incident.get("waiting_ranks") or []
+    if waiting:
+        facts.append(f"<span>waiting <b>{esc(ranks_text(waiting))}</b></span>")
+    collective = incident.get("collective")
+    if isinstance(collective, Mapping):
+        op, seq, group = (esc(collective.get(k)) for k in ("op", "seq", "group"))
+        facts.append(f"<span>collective <b>{op} #{seq}</b> on group {group}</span>")
+    if incident.get("node"):
+        facts.append(f"<span>unreachable node <b>{esc(incident['node'])}</b></span>")
+    return (f'<h1>{esc(incident.get("kind", "?"))} <span class="badge">{esc(severity)}</span></h1>'
+            f'<div class="verdict{SEVERITY_CLASS.get(severity, "")}">'
+            f'<div class="sentence">{esc(incident.get("summary", ""))}</div>'
+            f'<div class="facts">{"".join(facts)}</div></div>')
+
+
+def group_table(groups: Sequence[RankGroup]) -> str:
+    """One row per group of alike ranks."""
+    head = ("<table class=\"groups\"><tr><th>ranks</th><th>hosts</th><th>state</th><th>step</th>"
+            "<th>last collective</th><th>where</th><th>heartbeat</th></tr>")
+    body = []
+    for group in groups:
+        row = group.first
+        frame = stuck_frame(group.frames)
+        where = f"{frame.function} ({frame_site(frame)})" if frame else "-"
+        age = group.max_of("heartbeat_age")
+        step = f"{row.get('step', '-')}" + (" (varies)" if group.varies("step") else "")
+        body.append(
+            f'<tr class="{"culprit" if group.culprit else ""}">'
+            f"<td>{'★ ' if group.culprit else ''}{esc(group.label)}"
+            f"{f' ({len(group.rows)})' if len(group.rows) > 1 else ''}</td>"
+            f"<td>{esc(group.hosts())}</td><td>{state_badge(row.get('state', '?'))}"
+            f"{_exit_text(row)}</td><td>{esc(step)}</td><td class=\"mono\">"
+            f"{esc(collective_text(row.get('last_collective')))}</td>"
+            f"<td class=\"mono\">{esc(where)}</td><td>{_age(age)}</td></tr>")
+    return head + "".join(body) + "</table>"
+
+
+def rank_table(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> str:
+    """Every rank, one row each, folded: search it for one rank."""
+    body = []
+    for row in rows:
+        frame = stuck_frame(frames_of(row))
+        culprit = int(row["rank"]) in culprits
+        body.append(
+            f'<tr{" class=culprit" if culprit else ""}><td>{esc(row["rank"])}</td>'
+            f"<td>{esc(row.get('host', ''))}</td><td>{esc(row.get('pid', ''))}</td>"
+            f"<td>{esc(row.get('state', ''))}{_exit_text(row)}</td><td>{esc(row.get('step', ''))}"
+            f"</td><td>{esc(collective_text(row.get('last_collective')))}</td>"
+            f"<td>{esc(f'{frame.function} ({frame_site(frame)})' if frame else '-')}</td>"
+            f"<td>{_age(row.get('heartbeat_age'))}</td></tr>")
+    return (f"<details><summary>every rank, one row each ({len(rows)})</summary>"
+            "<table class=\"ranks mono\"><tr><th>rank</th><th>host</th><th>pid</th><th>state</th>"
+            "<th>step</th><th>last collective</th><th>where</th><th>heartbeat</th></tr>"
+            + "".join(body) + "</table></details>")
+
+
+def culprit_sections(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> list[str]:
+    """Each culprit's own evidence: where it is, its whole stack, how it ended, its logs."""
+    parts = []
+    for row in [r for r in rows if int(r["rank"]) in culprits][:MAX_CULPRITS_SHOWN]:
+        parts.append(f"<h2>Culprit: rank {esc(row['rank'])}</h2><div class=\"facts\">"
+                     f"<span>host <b>{esc(row.get('host', '?'))}</b></span>"
+                     f"<span>pid <b>{esc(row.get('pid', '?'))}</b></span>"
+                     f"<span>state {state_badge(row.get('state', '?'))}{_exit_text(row)}</span>"
+                     f"<span>step <b>{esc(row.get('step', '?'))}</b></span>"
+                     + (f"<span>phase <b>{esc(row['phase'])}</b></span>" if row.get("phase")
+                        else "") + "</div>")
+        parts += [_exit_reason(row.get("exit_reason")), _activity(row.get("activity"))]
+        stack = [f for f in row.get("stack") or () if isinstance(f, Mapping)]
+        if stack:
+            parts.append("<h3>stack, innermost first</h3><table class=\"mono\">"
+                         + "".join(f"<tr><td>{esc(f.get('function', '?'))}</td>"
+                                   f"<td>{esc(f.get('file', '?'))}:{esc(f.get('line', '?'))}</td>"
+                                   "</tr>" for f in stack) + "</table>")
+        for title, key in (("NCCL log", "nccl_log"), ("output", "worker_log")):
+            lines = [str(line) for line in row.get(key) or ()]
+            if lines:
+                parts.append(f"<h3>{title}, last relevant lines</h3><pre>"
+                             + esc("\n".join(lines)) + "</pre>")
+    return parts
+
+
+def findings_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """NCCL and log findings of every rank, each explanation once with the ranks it came from."""
+    found: dict[tuple[str, str, str], tuple[list[int], str]] = {}
+    for row in rows:
+        for key in ("nccl_findings", "worker_findings"):
+            for finding in row.get(key) or ():
+                if not isinstance(finding, Mapping):
+                    continue
+                what = (str(finding.get("category", "?")), str(finding.get("cause", "")),
+                        str(finding.get("fix", "")))
+                ranks, sample = found.setdefault(what, ([], str(finding.get("text", ""))))
+                if int(row["rank"]) not in ranks:
+                    ranks.append(int(row["rank"]))
+    if not found:
+        return "<h2>Log findings</h2><p class=\"muted\">no NCCL or log line explains this</p>"
+    parts = ["<h2>Log findings</h2>"]
+    for (category, cause, fix), (ranks, sample) in found.items():
+        parts.append(f'<div class="finding"><span class="badge">{esc(category)}</span> '
+                     f"<b>{esc(ranks_text(sorted(ranks)))}</b><p>{esc(cause)}</p>"
+                     f"<p><b>fix:</b> {esc(fix)}</p><pre>{esc(sample)}</pre></div>")
+    return "".join(parts)
+
+
+def collective_text(last: object) -> str:
+    """'all_reduce #57 g0 (pending)', as the terminal table says it."""
+    if not isinstance(last, Mapping):
+        return "-"
+    done = "done" if last.get("completed") else "pending"
+    return f"{last.get('op')} #{last.get('seq')} g{last.get('group')} ({done})"
+
+
+def _timeline_legend() -> str:
+    return ('<p class="legend"><span>◆ a collective entered and completed</span>'
+            "<span>◇ entered, not completed</span><span>grey line: progress up to the last "
+            "event</span><span>bar: since the last progress, coloured by state</span>"
+            "<span>✕ exited</span><span>dashed: the last progress of any rank</span></p>")
+
+
+def _exit_text(row: Mapping[str, Any]) -> str:
+    if row.get("state") != "EXITED":
+        return ""
+    code = row.get("exit_code")
+    return f" <span class=\"muted\">({'killed' if code is None else esc(code)})</span>"
+
+
+def _exit_reason(reason: object) -> str:
+    if not isinstance(reason, Mapping):
+        return ""
+    exception = reason.get("exception")
+    if isinstance(exception, Mapping):
+        return (f"<h3>it raised</h3><pre>{esc(exception.get('type', '?'))}: "
+                f"{esc(exception.get('message', ''))}</pre>")
+    if reason.get("signal"):
+        return f"<h3>it was ended by</h3><pre>{esc(reason['signal'])}</pre>"
+    return ""
+
+
+def _activity(activity: object) -> str:
+    if not isinstance(activity, Mapping) or not activity:
+        return ""
+    cells = "".join(f"<tr><td>{esc(key)}</td><td class=\"mono\">"
+                    f"{esc(json.dumps(value) if not isinstance(value, str) else value)}</td></tr>"
+                    for key, value in activity.items())
+    return f"<h3>activity</h3><table>{cells}</table>"
+
+
+def _age(age: object) -> str:
+    return f"{age:.1f}s" if isinstance(age, int | float) else "-"
+
+
+def _when(detected_at: object) -> str:
+    if not isinstance(detected_at, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(detected_at))

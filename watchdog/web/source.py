@@ -1,0 +1,52 @@
+"""Where the web view's pages come from (coordinator process): the live coordinator's status,
+taken on its own event loop, and its incident database, read from the web view's threads
+through a connection of their own (SQLite in WAL mode lets them read while the coordinator
+writes)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from typing import Any
+
+from watchdog.coordinator import Coordinator, IncidentStore
+
+STATUS_TIMEOUT_S = 10.0
+
+
+class CoordinatorSource:
+    def __init__(self, coordinator: Coordinator, loop: asyncio.AbstractEventLoop,
+                 db_path: str) -> None:
+        self._coordinator = coordinator
+        self._loop = loop
+        self._db_path = db_path
+
+    def status(self) -> dict[str, Any]:
+        """Called from a web view thread; TimeoutError when the loop is too busy to answer."""
+        future = asyncio.run_coroutine_threadsafe(self._status_json(), self._loop)
+        try:
+            text = future.result(timeout=STATUS_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:  # not the builtin one before Python 3.11
+            future.cancel()
+            raise TimeoutError("the coordinator's event loop did not answer") from None
+        status: dict[str, Any] = json.loads(text)
+        return status
+
+    async def _status_json(self) -> str:
+        return self._coordinator.status_json("")
+
+    def incident(self, incident_id: str) -> dict[str, Any] | None:
+        store = IncidentStore(self._db_path)
+        try:
+            body = store.get_json(incident_id)
+        finally:
+            store.close()
+        return None if body is None else dict(json.loads(body))
+
+    def incidents(self, limit: int) -> list[dict[str, Any]]:
+        store = IncidentStore(self._db_path)
+        try:
+            return [json.loads(body) for body in store.list_json(limit)]
+        finally:
+            store.close()
