@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The Debian packages the tests need beyond Python's: chromium (the browser tests drive it
+# headless) and systemd's tools (systemd-analyze and systemd-tmpfiles check the units; no
+# systemd needs to be running). Installs only what is missing; as root, or through sudo.
+set -euo pipefail
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+{ command -v systemd-analyze && command -v systemd-tmpfiles; } >/dev/null || missing+=(systemd)
+[ ${#missing[@]} -eq 0 ] && exit 0
+as_root=()
+[ "$(id -u)" -eq 0 ] || as_root=(sudo)
+echo "installing ${missing[*]} (apt-get)" >&2
+"${as_root[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
