@@ -36,20 +36,21 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
 
 def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(
         watch: Any, tmp_path: Path) -> None:
-    run = watch("--slow-start", "20", "--fault", "evaluate_all", "--fault-step", "80",
-                "--steps", "90", watchdog_args=DEFAULTS)
+    run = watch("--slow-start", "15", "--fault", "evaluate_all", "--fault-step", "40",
+                "--steps", "50", watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output
-    assert "finished 90 steps" in run.output
+    assert "finished 50 steps" in run.output
     assert run.incident is None
     assert stored(tmp_path) == []
 
 
 def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
                                                                tmp_path: Path) -> None:
-    run = watch("--fault", "checkpoint", "--fault-rank", "0", "--fault-step", "80", "--steps",
-                "90", watchdog_args=DEFAULTS)
+    """A phase after which the threshold adapts upward: each phase gets a job of its own."""
+    run = watch("--checkpoint-at", "40", "--fault-rank", "0", "--steps", "50",
+                watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output
-    assert "finished 90 steps" in run.output
+    assert "finished 50 steps" in run.output
     assert run.incident is None  # the report is for hangs; a notice is printed and stored
     (notice,) = stored(tmp_path)
     assert (notice["kind"], notice["severity"]) == ("RANK_BUSY", "notice")

@@ -20,9 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
-          "nccl_peer_closed", "lock_after_backward", "evaluate_all", "checkpoint", "livelock")
-# Healthy long phases every rank of the job takes part in, at the fault step.
-EVERY_RANK = ("subgroup", "evaluate_all", "checkpoint")
+          "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock")
+EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
 
 
 class Progress:
@@ -102,6 +101,14 @@ def write_checkpoint(seconds: float) -> None:
                 out.seek(0)
 
 
+def checkpoint(writer: bool, seconds: float) -> None:
+    """One rank writes a checkpoint; the others wait for it in a barrier."""
+    announce("checkpoint")
+    if writer:
+        write_checkpoint(seconds)
+    dist.barrier()
+
+
 def spin_until_ready() -> None:
     """A livelock: waits, burning a core, for a flag that nothing will set."""
     while not Progress.ready:
@@ -141,7 +148,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
     parser.add_argument("--fault-seconds", type=float, default=30.0,
-                        help="how long evaluate_all and checkpoint take")
+                        help="how long evaluate_all and --checkpoint-at take")
+    parser.add_argument("--checkpoint-at", type=int, default=-1, metavar="STEP",
+                        help="at STEP, the fault rank writes a checkpoint for --fault-seconds "
+                             "while the others wait in a barrier (besides any --fault)")
     parser.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                         help="every rank computes for S seconds before its first step, as a "
                              "compiling or warming-up job does")
@@ -151,14 +161,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
            subgroup: dist.ProcessGroup | None) -> None:
     fault, step = args.fault, args.fault_step
-    if fault in ("evaluate_all", "checkpoint", "livelock"):
+    if fault in ("evaluate_all", "livelock"):
         announce(fault)
     if fault == "evaluate_all":
         evaluate_for(model, args.fault_seconds)
-    elif fault == "checkpoint":
-        if rank == args.fault_rank:
-            write_checkpoint(args.fault_seconds)
-        dist.barrier()
     elif fault == "livelock":
         spin_until_ready()
     elif fault == "lock":
@@ -199,6 +205,8 @@ def main(argv: list[str]) -> int:
                 evaluate()
             if step == args.fault_step and (rank == args.fault_rank or args.fault in EVERY_RANK):
                 inject(args, rank, model, subgroup)
+            if step == args.checkpoint_at:
+                checkpoint(rank == args.fault_rank, args.fault_seconds)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
