@@ -92,6 +92,25 @@ def read_environ(pid: int, proc: str = "/proc") -> dict[str, str] | None:
     return env
 
 
+def maps_for_writing(pid: int, path: str, proc: str = "/proc") -> bool:
+    """Whether the process has the file at `path` mapped shared and writable, as the writer of a
+    beacon does: only a process allowed to write the file can. False when either is gone or the
+    maps are not ours to read."""
+    try:
+        st = os.stat(path)
+        with open(f"{proc}/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return False
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}".encode()
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if (len(fields) >= 5 and fields[4] == str(st.st_ino).encode() and fields[3] == device
+                and fields[1][1:2] == b"w" and fields[1][3:4] == b"s"):
+            return True
+    return False
+
+
 def output_files(pid: int, proc: str = "/proc") -> list[str]:
     """Paths that open the files the process's stdout and stderr write to, each file once.
 

@@ -1,7 +1,8 @@
 """The agent's table of training processes on this node: beacons, liveness, exits.
 
-A worker is *verified* when its beacon, its /proc environment and its start time agree; only
-verified, live workers are ever handed to py-spy.
+A worker is *verified* when its beacon, its /proc environment and its start time agree (for a
+rank started without RANK in its environment, by torch.multiprocessing.spawn: when it maps its
+beacon for writing); only verified, live workers are ever handed to py-spy.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ class WorkerTable:
             return
         env = procfs.read_environ(ident.pid, self._proc) if stat is not None else None
         worker = Worker(ident, stat.start_ticks if stat else 0,
-                        self._verify(ident, stat, env), path, _nccl_debug_file(env, ident.pid),
+                        self._verify(ident, stat, env, path), path,
+                        _nccl_debug_file(env, ident.pid),
                         (env or {}).get("MASTER_ADDR", ""), mapping, snap)
         self._unhooked.pop(ident.pid, None)
         self._by_path[path] = worker
@@ -109,13 +111,16 @@ class WorkerTable:
                  ident.pid, worker.verified)
 
     def _verify(self, ident: beacon.Identity, stat: procfs.ProcStat | None,
-                env: dict[str, str] | None) -> bool:
-        """The pid is the process that wrote this beacon, and it is a torchrun worker."""
-        if stat is None or stat.gone:
+                env: dict[str, str] | None, path: str) -> bool:
+        """The pid is the process that wrote this beacon: a torchrun worker with the beacon's
+        RANK, or a process started without RANK that maps the beacon for writing."""
+        if stat is None or stat.gone or env is None:
             return False
         if procfs.start_time(stat, self._boot) > ident.created_at + 2.0:
             return False  # pid reused by a newer process
-        return env is not None and env.get("RANK") == str(ident.rank)
+        if "RANK" in env:
+            return env["RANK"] == str(ident.rank)
+        return procfs.maps_for_writing(ident.pid, path, self._proc)
 
     def _update(self, worker: Worker, now: float) -> None:
         if worker.mapping is not None:
