@@ -47,6 +47,8 @@ INCIDENT_KEYS = [
     "culprit_ranks",
     "waiting_ranks",
     "collective",
+    "advice",
+    "attempt",
     "ranks",
     "stack_groups",
 ]
@@ -92,6 +94,7 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
+        "exit_reason": None,
         "heartbeat_age": 0.2, "phase": "", "activity": None,
     }  # fmt: skip
     assert rows[0]["state"] == "WAITING"

@@ -522,9 +522,10 @@ def test_rank_still_importing_torch_while_the_others_wait_in_init() -> None:
         (0,),
         (1, 2, 3),
     )
+    assert verdict.collective == CollectiveRef("0", WORLD, 0, "init_process_group")
     assert verdict.summary == (
-        "rank 0 (stuck in <module> at train.py:14) never reached the collective that ranks 1-3 "
-        "wait in (init_process_group called at train.py:94)"
+        "rank 0 (stuck in <module> at train.py:14) never reached init_process_group; ranks 1-3 "
+        "wait there (called at train.py:94)"
     )
 
 

@@ -206,6 +206,23 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
         load_shard()
 
 
+def join(rank: int, world_size: int, init_method: str | None) -> None:
+    """init_process_group. torch 2.13's torchrun hands every attempt it restarts the same
+    store, which still holds the keys the previous attempt's ranks wrote: a restarted gloo rank
+    may read a dead peer's address ("Gloo connectFullMesh failed"). A prefix per attempt keeps
+    the attempts apart."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt and rank < 0:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                init_method=init_method)
+
+
 def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str | None = None
          ) -> int:
     """Train as the rank torchrun's environment names, or as `rank` of `world_size`."""
@@ -213,7 +230,7 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     if args.fault == "init_stall" and args.fault_rank == (
             rank if rank >= 0 else int(os.environ["RANK"])):
         prepare_dataset()
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=init_method)
+    join(rank, world_size, init_method)
     rank, world = dist.get_rank(), dist.get_world_size()
     write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=False)
     subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None
