@@ -118,7 +118,8 @@ def _row_cells(row: Mapping[str, Any], culprit: bool) -> list[str]:
         str(row["pid"]),
         state,
         str(row["step"]),
-        _collective_cell(row["last_collective"]),
+        f"{row['setup']} (waiting)" if row.get("setup") else _collective_cell(
+            row["last_collective"]),
         "-" if age is None else f"{age:.1f}s",
     ]
 

@@ -124,6 +124,7 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "state": _rank_state(snapshot, rank, furthest),
         "step": rank.steps,
         "last_collective": _last_collective(rank),
+        "setup": rank.setup or None,
         "stack": [{"function": f.function, "file": f.file, "line": f.line}
                   for f in stack.frames],
         "nccl_log": list(stack.nccl_log),
