@@ -249,8 +249,10 @@ class ExitObserver:
         """The wait status and unix time of the process's exit, if an event showed it."""
         return self._exits.get(pid)
 
-    def oom_killed(self, pid: int) -> bool:
-        return pid in self._oom
+    def oom_killed(self, pid: int, since: float = 0.0) -> bool:
+        """Whether the OOM killer's record of a kill of `pid` was read after `since`."""
+        record = self._oom.get(pid)
+        return record is not None and record[1] >= since
 
     def close(self) -> None:
         for source in (self._events, self._log):

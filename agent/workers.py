@@ -147,7 +147,7 @@ class WorkerTable:
         event where one showed it, else now."""
         self._learn_exit(worker)
         snap = worker.snapshot
-        event = self.exits.status(worker.identity.pid)
+        event = self._exit_event(worker)
         if snap is not None and snap.exit_state != beacon.EXIT_RUNNING:
             worker.exited_at = snap.exited_at
         else:
@@ -162,6 +162,12 @@ class WorkerTable:
         return stat is not None and not stat.gone and (
             worker.start_ticks == 0 or stat.start_ticks == worker.start_ticks)
 
+    def _exit_event(self, worker: Worker) -> tuple[int, float] | None:
+        """The kernel's record of this worker's exit; not that of an earlier process that had
+        its pid."""
+        event = self.exits.status(worker.identity.pid)
+        return event if event is not None and event[1] >= worker.identity.created_at - 2.0 else None
+
     def _watch_oom(self, worker: Worker) -> None:
         worker.oom_counter = exits.oom_counter_path(worker.identity.pid, self._proc)
         worker.oom_kills = exits.oom_kills(worker.oom_counter) if worker.oom_counter else None
@@ -170,11 +176,11 @@ class WorkerTable:
         """How an exited worker ended, from what the observer saw since: its exit status, and
         whether the OOM killer killed it (its record, or its cgroup's count gone up)."""
         pid = worker.identity.pid
-        event = self.exits.status(pid)
+        event = self._exit_event(worker)
         if event is not None:
             worker.exit_status = event[0]
         killed = worker.exit_status is not None and exits.signal_name(worker.exit_status)
-        if self.exits.oom_killed(pid):
+        if self.exits.oom_killed(pid, since=worker.identity.created_at):
             worker.oom_killed = True
         elif killed and worker.oom_counter and worker.oom_kills is not None:
             now_kills = exits.oom_kills(worker.oom_counter)

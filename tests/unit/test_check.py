@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli.check import (
+from watchdog.cli.check import report
+from watchdog.cli.rendezvous import (
     FAIL,
     OK,
     WARN,
@@ -17,7 +18,6 @@ from watchdog.cli.check import (
     environment_checks,
     rendezvous_checks,
     rendezvous_of,
-    report,
 )
 
 
