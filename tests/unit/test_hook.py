@@ -14,6 +14,7 @@ import pytest
 
 import watchdog
 from watchdog.beacon import (
+    EXIT_CLEAN,
     MAX_EXIT_REASON,
     MAX_GROUPS,
     BeaconSnapshot,
@@ -231,3 +232,16 @@ def test_where_the_ranks_meet() -> None:
     assert _rendezvous({"init_method": "env://"}, {}) == "env://?:?"
     assert _rendezvous({"init_method": "tcp://h:1?rank=0&world_size=2"}, master) == "tcp://h:1"
     assert _rendezvous({"store": object()}, master) == "a store the program created"
+
+
+def test_an_exit_is_timed_when_sys_exit_is_called_not_at_atexit(tmp_path: Path) -> None:
+    """torch's own exit handlers run before the hook's atexit and drop the peers'
+    connections: an exit stamped there looked later than the crashes it caused."""
+    recorder = make_recorder(tmp_path)
+    recorder.note_exit(3)
+    called = time.time()
+    time.sleep(0.05)  # the interpreter shutting down
+    recorder.mark_shutdown()
+    snap = read_beacon(open_beacon(recorder.writer.path))
+    assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, 3)
+    assert 0 < snap.exited_at <= called
