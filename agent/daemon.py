@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from agent import procfs
+from agent.exits import ExitObserver
 from agent.gpu import GpuSampler
 from agent.logtail import read_tail, relevant_lines
 from agent.stacks import dump_stacks
@@ -69,6 +70,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Scan and report until `stop` is set; no error ends this loop."""
+        self.table.exits = ExitObserver.open()  # how workers end, from the kernel where allowed
         scanner = asyncio.create_task(self._scan_loop(stop))
         backoff = 0.5
         try:
@@ -86,6 +88,7 @@ class Agent:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
         finally:
             scanner.cancel()
+            self.table.exits.close()
 
     async def _scan_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

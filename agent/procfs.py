@@ -20,6 +20,7 @@ class ProcStat:
     ppid: int
     start_ticks: int  # since boot; with the pid it names one process, even after pid reuse
     cpu_ticks: int = 0  # user + system time of the whole process so far
+    exit_status: int | None = None  # a zombie's, as waitpid reports it, where it is ours to read
 
     @property
     def stopped(self) -> bool:
@@ -39,8 +40,10 @@ def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
         return None
     # comm may hold spaces and parentheses: the fields after it start at the last ')'.
     fields = raw[raw.rindex(")") + 2:].split()
+    # The kernel shows 0 for a status that is not ours to read: only another value is one.
+    status = int(fields[49]) if fields[0] in ("Z", "X") and len(fields) > 49 else 0
     return ProcStat(pid=pid, state=fields[0], ppid=int(fields[1]), start_ticks=int(fields[19]),
-                    cpu_ticks=int(fields[11]) + int(fields[12]))
+                    cpu_ticks=int(fields[11]) + int(fields[12]), exit_status=status or None)
 
 
 def _read_small(path: str) -> bytes | None:
@@ -131,6 +134,25 @@ def _read_memory(pid: int, address: int, size: int) -> bytes | None:
     remote = _IoVec(address, size)
     count = read(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
     return buffer.raw[:count] if count >= 0 else None
+
+
+def maps_for_writing(pid: int, path: str, proc: str = "/proc") -> bool:
+    """Whether the process has the file at `path` mapped shared and writable, as the writer of a
+    beacon does: only a process allowed to write the file can. False when either is gone or the
+    maps are not ours to read."""
+    try:
+        st = os.stat(path)
+        with open(f"{proc}/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return False
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}".encode()
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if (len(fields) >= 5 and fields[4] == str(st.st_ino).encode() and fields[3] == device
+                and fields[1][1:2] == b"w" and fields[1][3:4] == b"s"):
+            return True
+    return False
 
 
 def output_files(pid: int, proc: str = "/proc") -> list[str]:

@@ -1,7 +1,8 @@
 """The agent's table of training processes on this node: beacons, liveness, exits.
 
-A worker is *verified* when its beacon, its /proc environment and its start time agree; only
-verified, live workers are ever handed to py-spy.
+A worker is *verified* when its beacon, its /proc environment and its start time agree (for a
+rank started without RANK in its environment, by torch.multiprocessing.spawn: when it maps its
+beacon for writing); only verified, live workers are ever handed to py-spy.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from agent import activity, procfs
+from agent import activity, exits, procfs
 from agent.logtail import expand_nccl_debug_file
 from watchdog import beacon
 from watchdog import env as _env
 from watchdog.errors import BeaconError, BeaconNotReadyError
-from watchdog.model import NO_ACTIVITY, Activity, GroupProgress, RankState
+from watchdog.model import NO_ACTIVITY, Activity, ExitReason, Frame, GroupProgress, RankState
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class Worker:
     snapshot: beacon.BeaconSnapshot | None = None
     exited_at: float | None = None
     window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
+    exit_status: int | None = None  # as waitpid reports it, where the agent could see it
+    oom_counter: str = ""  # the file counting OOM kills in its memory cgroup...
+    oom_kills: int | None = None  # ...and the count when it was found
+    oom_killed: bool = False
 
     @property
     def alive(self) -> bool:
@@ -52,10 +57,12 @@ class Worker:
 
 
 class WorkerTable:
-    def __init__(self, beacon_dir: str, scan_unhooked: bool = True, proc: str = "/proc") -> None:
+    def __init__(self, beacon_dir: str, scan_unhooked: bool = True, proc: str = "/proc",
+                 observer: exits.ExitObserver | None = None) -> None:
         self.beacon_dir = beacon_dir
         self._scan_unhooked = scan_unhooked
         self._proc = proc
+        self.exits = observer or exits.ExitObserver(None, None)
         self._boot = procfs.boot_time(proc)
         self._by_path: dict[str, Worker] = {}
         self._unhooked: dict[int, Worker] = {}
@@ -70,11 +77,15 @@ class WorkerTable:
         for path in sorted(glob.glob(os.path.join(self.beacon_dir, "*.beacon"))):
             if path not in self._by_path and path not in self._ignored:
                 self._discover(path, now)
+        self.exits.drain({w.identity.pid for w in self.workers()})
         for worker in list(self._by_path.values()):
             self._update(worker, now)
         if self._scan_unhooked and now - self._last_unhooked_scan >= UNHOOKED_SCAN_S:
             self._last_unhooked_scan = now
             self._scan_proc(now)
+        for worker in self.workers():
+            if not worker.alive and worker.exit_status is None:
+                self._learn_exit(worker)
         self._forget_old(now)
 
     def find(self, job_id: str, rank: int) -> Worker | None:
@@ -101,21 +112,26 @@ class WorkerTable:
             return
         env = procfs.read_environ(ident.pid, self._proc) if stat is not None else None
         worker = Worker(ident, stat.start_ticks if stat else 0,
-                        self._verify(ident, stat, env), path, _nccl_debug_file(env, ident.pid),
+                        self._verify(ident, stat, env, path), path,
+                        _nccl_debug_file(env, ident.pid),
                         (env or {}).get("MASTER_ADDR", ""), mapping, snap)
+        self._watch_oom(worker)
         self._unhooked.pop(ident.pid, None)
         self._by_path[path] = worker
         log.info("tracking rank %d of job %s (pid %d, verified=%s)", ident.rank, ident.job_id,
                  ident.pid, worker.verified)
 
     def _verify(self, ident: beacon.Identity, stat: procfs.ProcStat | None,
-                env: dict[str, str] | None) -> bool:
-        """The pid is the process that wrote this beacon, and it is a torchrun worker."""
-        if stat is None or stat.gone:
+                env: dict[str, str] | None, path: str) -> bool:
+        """The pid is the process that wrote this beacon: a torchrun worker with the beacon's
+        RANK, or a process started without RANK that maps the beacon for writing."""
+        if stat is None or stat.gone or env is None:
             return False
         if procfs.start_time(stat, self._boot) > ident.created_at + 2.0:
             return False  # pid reused by a newer process
-        return env is not None and env.get("RANK") == str(ident.rank)
+        if "RANK" in env:
+            return env["RANK"] == str(ident.rank)
+        return procfs.maps_for_writing(ident.pid, path, self._proc)
 
     def _update(self, worker: Worker, now: float) -> None:
         if worker.mapping is not None:
@@ -124,16 +140,51 @@ class WorkerTable:
             except BeaconError as e:
                 log.warning("rank %d of %s: %s", worker.identity.rank, worker.identity.job_id, e)
         if worker.alive and not self._still_running(worker):
-            snap = worker.snapshot
-            clean = snap is not None and snap.exit_state != beacon.EXIT_RUNNING
-            worker.exited_at = snap.exited_at if clean and snap is not None else now
-            ident = worker.identity
-            log.info("rank %d of job %s (pid %d) exited", ident.rank, ident.job_id, ident.pid)
+            self._exited(worker, now)
+
+    def _exited(self, worker: Worker, now: float) -> None:
+        """Note the exit, timed by the beacon where the hook recorded it, else by the kernel's
+        event where one showed it, else now."""
+        self._learn_exit(worker)
+        snap = worker.snapshot
+        event = self._exit_event(worker)
+        if snap is not None and snap.exit_state != beacon.EXIT_RUNNING:
+            worker.exited_at = snap.exited_at
+        else:
+            worker.exited_at = event[1] if event is not None else now
+        ident = worker.identity
+        log.info("rank %d of job %s (pid %d) exited", ident.rank, ident.job_id, ident.pid)
 
     def _still_running(self, worker: Worker) -> bool:
         stat = procfs.read_stat(worker.identity.pid, self._proc)
+        if stat is not None and stat.exit_status is not None:
+            worker.exit_status = stat.exit_status  # a zombie its parent has not reaped yet
         return stat is not None and not stat.gone and (
             worker.start_ticks == 0 or stat.start_ticks == worker.start_ticks)
+
+    def _exit_event(self, worker: Worker) -> tuple[int, float] | None:
+        """The kernel's record of this worker's exit; not that of an earlier process that had
+        its pid."""
+        event = self.exits.status(worker.identity.pid)
+        return event if event is not None and event[1] >= worker.identity.created_at - 2.0 else None
+
+    def _watch_oom(self, worker: Worker) -> None:
+        worker.oom_counter = exits.oom_counter_path(worker.identity.pid, self._proc)
+        worker.oom_kills = exits.oom_kills(worker.oom_counter) if worker.oom_counter else None
+
+    def _learn_exit(self, worker: Worker) -> None:
+        """How an exited worker ended, from what the observer saw since: its exit status, and
+        whether the OOM killer killed it (its record, or its cgroup's count gone up)."""
+        pid = worker.identity.pid
+        event = self._exit_event(worker)
+        if event is not None:
+            worker.exit_status = event[0]
+        killed = worker.exit_status is not None and exits.signal_name(worker.exit_status)
+        if self.exits.oom_killed(pid, since=worker.identity.created_at):
+            worker.oom_killed = True
+        elif killed and worker.oom_counter and worker.oom_kills is not None:
+            now_kills = exits.oom_kills(worker.oom_counter)
+            worker.oom_killed = now_kills is not None and now_kills > worker.oom_kills
 
     def _scan_proc(self, now: float) -> None:
         known = {w.identity.pid for w in self._by_path.values()}
@@ -145,7 +196,7 @@ class WorkerTable:
                 self._unhooked[pid] = worker
         for worker in list(self._unhooked.values()):
             if worker.alive and not self._still_running(worker):
-                worker.exited_at = now
+                self._exited(worker, now)
 
     def _unhooked_worker(self, pid: int) -> Worker | None:
         stat = procfs.read_stat(pid, self._proc)
@@ -158,10 +209,12 @@ class WorkerTable:
         identity = beacon.Identity(
             _env.job_id(env), _env.int_env(env, "RANK", 0), _env.int_env(env, "LOCAL_RANK", 0),
             _env.int_env(env, "WORLD_SIZE", 1), _env.short_hostname(), pid,
-            procfs.start_time(stat, self._boot))
-        return Worker(identity, stat.start_ticks, verified=True,
-                      nccl_debug_file=_nccl_debug_file(env, pid),
-                      master_addr=env.get("MASTER_ADDR", ""))
+            procfs.start_time(stat, self._boot), _env.int_env(env, _env.ATTEMPT, 0))
+        worker = Worker(identity, stat.start_ticks, verified=True,
+                        nccl_debug_file=_nccl_debug_file(env, pid),
+                        master_addr=env.get("MASTER_ADDR", ""))
+        self._watch_oom(worker)
+        return worker
 
     def _forget_old(self, now: float) -> None:
         def expired(worker: Worker) -> bool:
@@ -221,16 +274,21 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
     ident = worker.identity
     stat = procfs.read_stat(ident.pid) if worker.alive else None
     live = stat is not None and not stat.gone
+    status = worker.exit_status
     base = RankState(job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
                      world_size=ident.world_size, host=ident.host, pid=ident.pid,
                      hooked=False, proc_state=stat.state if stat is not None else "",
                      heartbeat_age=None, steps=0, events=0, last_event_at=0.0,
                      exited_at=worker.exited_at,
                      activity=worker.sample(now, stat, (gpu or {}).get(ident.pid))
-                     if stat is not None and live else NO_ACTIVITY)
+                     if stat is not None and live else NO_ACTIVITY,
+                     exit_code=exits.exit_code(status) if status is not None else None,
+                     exit_reason=_killed(worker), attempt=ident.attempt)
     snap = worker.snapshot
     if snap is None:
         return base
+    hook_saw_exit = worker.exited_at is not None and snap.exit_state != beacon.EXIT_RUNNING
+    setup = snap.setup
     return replace(
         base, hooked=True,
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
@@ -242,9 +300,23 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
                                    g.op, g.completed_seq, g.entered_at) for g in snap.groups),
         phase=snap.phase, phase_age=now - snap.phase_started if snap.phase else 0.0,
         phase_timeout=snap.phase_timeout,
-        exit_code=(snap.exit_code if worker.exited_at is not None
-                   and snap.exit_state != beacon.EXIT_RUNNING else None),
-        clean_exit=snap.exit_state == beacon.EXIT_CLEAN)
+        exit_code=snap.exit_code if hook_saw_exit else base.exit_code,
+        clean_exit=snap.exit_state == beacon.EXIT_CLEAN,
+        exit_reason=_raised(snap.raised) if hook_saw_exit and snap.raised else base.exit_reason,
+        setup=setup.call, setup_age=_age(now, setup.entered_at) if setup.call else None,
+        rendezvous=setup.rendezvous)
+
+
+def _raised(raised: beacon.RaisedException) -> ExitReason:
+    return ExitReason(exception=raised.type, message=raised.message,
+                      frames=tuple(Frame(function, file, line)
+                                   for function, file, line in raised.frames))
+
+
+def _killed(worker: Worker) -> ExitReason | None:
+    """The signal that ended the worker, where the agent saw its exit status."""
+    name = exits.signal_name(worker.exit_status) if worker.exit_status is not None else ""
+    return ExitReason(signal=name, oom_killed=worker.oom_killed) if name else None
 
 
 def _age(now: float, stamp: float) -> float | None:

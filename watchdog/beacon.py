@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from watchdog.errors import BeaconError, BeaconNotReadyError
 
 MAGIC = b"THWBEACN"
-VERSION = 2  # 2: the publisher's progress stamp and gap statistics
+VERSION = 3  # 2: the publisher's progress stamp and gap statistics; 3: the start-up region
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -45,6 +45,13 @@ _EXIT = struct.Struct("<Iid")  # exit_state, exit_code, exited_at (n_groups left
 _PHASE = struct.Struct("<32sdd")
 _N_GROUPS = struct.Struct("<I")
 _PACE = struct.Struct("<ddQ")  # progress_at, gap_p99, gaps
+# attempt (torchrun restart count), exit reason length, the process-group set-up call the rank
+# is inside (init_process_group, new_group) since when, and where it meets its peers
+_START = struct.Struct("<II24sd128s")
+_ATTEMPT = struct.Struct("<I")
+_SETUP = struct.Struct("<24sd128s")
+_REASON_LEN = struct.Struct("<I")
+MAX_EXIT_REASON = 2048  # bytes of UTF-8 JSON: an uncaught exception's type, message and frames
 
 OFF_SEQ = 16
 OFF_HEARTBEAT = 24
@@ -61,11 +68,16 @@ OFF_OP = _GROUP_META.size
 OFF_ENTERED_SEQ = OFF_OP + 24
 OFF_ENTERED_AT = OFF_OP + 32
 OFF_COMPLETED = OFF_OP + 40
-SIZE = OFF_GROUPS + MAX_GROUPS * GROUP_SLOT_SIZE
+OFF_START = OFF_GROUPS + MAX_GROUPS * GROUP_SLOT_SIZE  # version 3 appended this region
+OFF_SETUP = OFF_START + 8
+OFF_REASON = OFF_START + _START.size
+START_REGION = 4096  # reserved; the next region begins after it
+SIZE = OFF_START + START_REGION
 
 assert OFF_PROGRESS + _PROGRESS.size <= OFF_PACE and OFF_PACE + _PACE.size <= OFF_GROUPS
 assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
-assert OFF_ENTERED_SEQ % 8 == 0
+assert OFF_ENTERED_SEQ % 8 == 0 and OFF_START % 8 == 0
+assert _START.size + MAX_EXIT_REASON <= START_REGION
 
 
 Entered = tuple[int, bytes, float]  # a group's last collective entered: seq, op, unix time
@@ -82,6 +94,55 @@ class Identity:
     host: str
     pid: int
     created_at: float
+    attempt: int = 0  # torchrun's restart count (TORCHELASTIC_RESTART_COUNT)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The process-group set-up call a rank is inside, which waits for every member to arrive:
+    `call` is init_process_group or new_group ("" when none), `rendezvous` where the members meet
+    (an init method such as tcp://host:port, or env://MASTER_ADDR:MASTER_PORT)."""
+
+    call: str = ""
+    entered_at: float = 0.0
+    rendezvous: str = ""
+
+
+NO_SETUP = Setup()
+
+
+@dataclass(frozen=True)
+class RaisedException:
+    """An uncaught exception, as the hook recorded it at exit; frames are (function, file, line),
+    innermost first, possibly with gaps (see `hook.exit_reason`)."""
+
+    type: str
+    message: str
+    frames: tuple[tuple[str, str, int], ...] = ()
+
+    def encode(self) -> bytes:
+        import json  # here: every Python process under `watchdog run` imports this module
+
+        return json.dumps({"type": self.type, "message": self.message,
+                           "frames": [list(f) for f in self.frames]},
+                          ensure_ascii=False, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> RaisedException | None:
+        """The record, or None for anything that is not one: the bytes come from the rank."""
+        import json
+
+        try:
+            data = json.loads(raw.decode())
+            kind, message, frames = data["type"], data["message"], data["frames"]
+            if not (isinstance(kind, str) and isinstance(message, str)
+                    and isinstance(frames, list)):
+                return None
+            parsed = tuple((str(f[0]), str(f[1]), int(f[2])) for f in frames
+                           if isinstance(f, list) and len(f) == 3 and isinstance(f[2], int))
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+            return None
+        return cls(kind, message, parsed)
 
 
 @dataclass(frozen=True)
@@ -119,11 +180,14 @@ class BeaconSnapshot:
     progress_at: float = 0.0  # when the publisher last saw the event count change; 0: never
     gap_p99: float = 0.0  # p99 of the recent gaps between such changes, from the first step on
     gaps: int = 0  # how many gaps the hook measured
+    setup: Setup = NO_SETUP
+    raised: RaisedException | None = None  # what ended it, when an exception did
 
     @property
     def events(self) -> int:
-        """Monotonic count of everything recorded: it changes exactly when the rank progressed."""
-        return self.steps + sum(g.entered_seq + g.completed_seq for g in self.groups)
+        """Monotonic count of everything recorded: it changes exactly when the rank progressed.
+        Joining a process group counts: start-up is progress too."""
+        return self.steps + sum(g.entered_seq + g.completed_seq + 1 for g in self.groups)
 
     @property
     def last_event_at(self) -> float:
@@ -192,6 +256,18 @@ class BeaconWriter:
                 identity.world_size, identity.created_at, identity.job_id.encode()[:64],
                 identity.host.encode()[:64],
             )
+            _ATTEMPT.pack_into(self._mm, OFF_START, max(0, identity.attempt))
+            self._end()
+
+    @property
+    def n_groups(self) -> int:
+        return len(self._ops)
+
+    def set_setup(self, setup: Setup) -> None:
+        with self._lock:
+            self._begin()
+            _SETUP.pack_into(self._mm, OFF_SETUP, setup.call.encode()[:24], setup.entered_at,
+                             setup.rendezvous.encode()[:128])
             self._end()
 
     def group_slot(self, name: str, ranks: tuple[int, ...], world_size: int) -> int:
@@ -253,10 +329,17 @@ class BeaconWriter:
             _PHASE.pack_into(self._mm, OFF_PHASE, name.encode()[:32], started, timeout)
             self._end()
 
-    def mark_exit(self, state: int, code: int, now: float) -> None:
+    def mark_exit(self, state: int, code: int, now: float,
+                  raised: RaisedException | None = None) -> None:
+        """How the process ends; an exception record that does not fit is left out whole."""
+        reason = raised.encode() if raised is not None else b""
+        if len(reason) > MAX_EXIT_REASON:
+            reason = b""
         with self._lock:
             self._begin()
             _EXIT.pack_into(self._mm, OFF_EXIT, state, code, now)
+            self._bytes[OFF_REASON:OFF_REASON + len(reason)] = reason
+            _REASON_LEN.pack_into(self._mm, OFF_START + 4, len(reason))
             self._end()
 
     def heartbeat(self, now: float) -> None:
@@ -269,7 +352,7 @@ class BeaconWriter:
         self._mm.close()
 
 
-def _parse(data: bytes) -> BeaconSnapshot:
+def _parse(data: bytes, start: bytes) -> BeaconSnapshot:
     pid, rank, local_rank, world, created, job, host = _IDENTITY.unpack_from(data, OFF_IDENTITY)
     (steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started,
      phase_timeout) = _PROGRESS.unpack_from(data, OFF_PROGRESS)
@@ -289,11 +372,16 @@ def _parse(data: bytes) -> BeaconSnapshot:
             raise BeaconError(f"beacon group slot {slot} lists {n_listed} ranks (world {world})")
         groups.append(BeaconGroup(_text(name), tuple(ranks), _text(op), entered_seq, entered_at,
                                   completed_seq))
-    identity = Identity(_text(job), rank, local_rank, world, _text(host), pid, created)
+    attempt, reason_len, call, setup_at, rendezvous = _START.unpack_from(start)
+    identity = Identity(_text(job), rank, local_rank, world, _text(host), pid, created, attempt)
     progress_at, gap_p99, gaps = _PACE.unpack_from(data, OFF_PACE)
+    raised = None
+    if 0 < reason_len <= MAX_EXIT_REASON:
+        raised = RaisedException.decode(start[_START.size:_START.size + reason_len])
     return BeaconSnapshot(identity, _HEARTBEAT.unpack_from(data, OFF_HEARTBEAT)[0], steps,
                           step_at, exit_state, exit_code, exited_at, _text(phase), phase_started,
-                          phase_timeout, tuple(groups), progress_at, gap_p99, gaps)
+                          phase_timeout, tuple(groups), progress_at, gap_p99, gaps,
+                          Setup(_text(call), setup_at, _text(rendezvous)), raised)
 
 
 def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
@@ -315,8 +403,9 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
                 # Only the slots in use: a short copy is less likely to overlap the next write.
                 n_groups = min(_N_GROUPS.unpack_from(head, OFF_N_GROUPS)[0], MAX_GROUPS)
                 data = bytes(head[:OFF_GROUPS + n_groups * GROUP_SLOT_SIZE])
+                start = bytes(head[OFF_START:OFF_REASON + MAX_EXIT_REASON])
                 if words[OFF_SEQ // 8] == before:
-                    return _parse(data)
+                    return _parse(data, start)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.
             time.sleep(0)
     raise BeaconError(f"beacon kept changing during {attempts} read attempts")

@@ -18,6 +18,8 @@ BEACON_DIR = "WATCHDOG_BEACON_DIR"
 JOB_ID = "WATCHDOG_JOB_ID"
 AUTOINSTALL = "WATCHDOG_AUTOINSTALL"  # "1": the boot sitecustomize installs the hook
 HOOK_PID = "WATCHDOG_HOOK_PID"  # set by the installed hook: its children are not ranks
+ATTEMPT = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: how many times it restarted the workers
+MAX_JOB_ID = 64  # bytes a beacon keeps of it
 
 DEFAULT_BEACON_DIR = "/dev/shm/torch-hang-watchdog"
 DEFAULT_PORT = 29450  # the coordinator's
@@ -34,13 +36,19 @@ def is_torchrun_worker(env: Mapping[str, str]) -> bool:
 
 
 def job_id(env: Mapping[str, str] = os.environ) -> str:
-    """WATCHDOG_JOB_ID, else torchrun's run id joined with the rendezvous endpoint."""
-    explicit = env.get(JOB_ID)
-    if explicit:
-        return explicit
-    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
-    master = f"{env.get('MASTER_ADDR', socket.gethostname())}:{env.get('MASTER_PORT', '0')}"
-    return f"{run_id}@{master}"
+    """WATCHDOG_JOB_ID, else torchrun's run id joined with the rendezvous endpoint; and for
+    the workers torchrun restarted, `/attempt<N>`: each attempt is a job of its own, so that an
+    earlier attempt's ranks and exits never count in a later one's verdict."""
+    base = env.get(JOB_ID)
+    if not base:
+        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+        master = f"{env.get('MASTER_ADDR', socket.gethostname())}:{env.get('MASTER_PORT', '0')}"
+        base = f"{run_id}@{master}"
+    attempt = int_env(env, ATTEMPT, 0)
+    if attempt <= 0:
+        return base
+    suffix = f"/attempt{attempt}"
+    return base.encode()[:MAX_JOB_ID - len(suffix)].decode(errors="ignore") + suffix
 
 
 def short_hostname() -> str:

@@ -120,6 +120,18 @@ class Frame:
 
 
 @dataclass(frozen=True)
+class ExitReason:
+    """Why a rank's process ended, where it is known: the exception it raised (type, message,
+    frames innermost first, as the hook recorded them), or the signal that killed it."""
+
+    exception: str = ""  # the exception's type, e.g. RuntimeError
+    message: str = ""
+    frames: tuple[Frame, ...] = ()
+    signal: str = ""  # e.g. SIGKILL
+    oom_killed: bool = False  # the kernel's OOM killer sent that signal
+
+
+@dataclass(frozen=True)
 class RankStack:
     """The main thread's stack of one rank, innermost frame first (py-spy order)."""
 
@@ -161,6 +173,11 @@ class RankState:
     gap_p99: float = 0.0  # p99 of the hook's own gaps between progress, from its first step
     gaps: int = 0  # how many such gaps the hook has seen
     activity: Activity = NO_ACTIVITY
+    exit_reason: ExitReason | None = None  # once exited, where known
+    attempt: int = 0  # torchrun's restart count: each attempt is a job of its own
+    setup: str = ""  # the process-group set-up call it waits in (init_process_group, new_group)
+    setup_age: float | None = None  # for how long, by the agent's clock
+    rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
 
     @property
     def alive(self) -> bool:
@@ -204,6 +221,15 @@ class CollectiveRef:
 
 
 @dataclass(frozen=True)
+class Advice:
+    """What a `watchdog explain` category says a verdict's cause is, and how to fix it."""
+
+    category: str
+    cause: str
+    fix: str
+
+
+@dataclass(frozen=True)
 class Verdict:
     kind: Kind
     summary: str
@@ -211,6 +237,7 @@ class Verdict:
     waiting_ranks: tuple[int, ...]
     collective: CollectiveRef | None = None
     node: str = ""  # set for NODE_UNREACHABLE
+    advice: Advice | None = None  # where the cause is a known one (a rendezvous failure, ...)
 
     @property
     def severity(self) -> Severity:
@@ -231,3 +258,5 @@ class JobSnapshot:
     rank_nodes: dict[int, str] = field(default_factory=dict)  # the agent that reports each rank
     unreachable_nodes: tuple[str, ...] = ()  # nodes whose agent stopped reporting
     busy_timeout: float = float("inf")  # a rank busy this long while its peers wait is hung
+    # rank -> the processes (host, pid) that claim it, where more than one does
+    duplicates: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)

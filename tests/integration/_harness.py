@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +30,16 @@ class WatchedRun:
         return [frame["function"] for frame in self.rank(rank)["stack"]]
 
 
+def run_command(report: Path, job: list[str], watchdog_args: tuple[str, ...]) -> list[str]:
+    """`watchdog run` with `watchdog_args`, its first hang written to `report`, running `job`."""
+    return [*WATCHDOG, "run", *watchdog_args, "--report", str(report), "--", *job]
+
+
+def watched_run(returncode: int, output: str, report: Path) -> WatchedRun:
+    incident = json.loads(report.read_text()) if report.exists() else None
+    return WatchedRun(returncode, output, incident)
+
+
 def job_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "WATCHDOG_BEACON_DIR": str(tmp_path / "beacons"),
             "WATCHDOG_DB": str(tmp_path / "incidents.db"), "OMP_NUM_THREADS": "1",
@@ -43,3 +55,17 @@ def stop_process(proc: subprocess.Popen[str], grace: float = 20.0) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.communicate()[0]
+
+
+def fault_time(output: str, fault: str) -> float:
+    """When the job says its fault began (the first rank to say so)."""
+    times = re.findall(rf"fault {fault} at step \d+, time ([\d.]+)", output)
+    assert times, output
+    return min(map(float, times))
+
+
+def stored(tmp_path: Path) -> list[dict[str, Any]]:
+    """Every incident the run stored, oldest first, through `watchdog incidents`."""
+    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
+                            capture_output=True, text=True, check=True)
+    return list(reversed(json.loads(listed.stdout)))

@@ -3,7 +3,6 @@ py-spy is missing or the kernel forbids attaching to a process."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 from _browser import chromium
-from _harness import JOB_TIMEOUT_S, WATCHDOG, WatchedRun, job_env
+from _harness import JOB_TIMEOUT_S, WatchedRun, job_env, run_command, watched_run
 
 from agent.stacks import find_py_spy
 from watchdog.cli.demo import torchrun_command
@@ -44,18 +43,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def watch(tmp_path: Path) -> Any:
-    """Runs the bundled training job with one fault (or another `script`) under `watchdog run`."""
+    """Runs the bundled training job with one fault (or another `script`) under `watchdog run`
+    and torchrun, or under `watchdog run` alone the command `job` where one is given."""
 
     def run(*train_args: str, nproc: int = 4, watchdog_args: tuple[str, ...] = (
             "--stall-timeout", "3", "--on-hang", "kill"),
-            launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT) -> WatchedRun:
+            launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT,
+            job: list[str] | None = None) -> WatchedRun:
         report = tmp_path / "incident.json"
-        cmd = [*WATCHDOG, "run", *watchdog_args, "--report", str(report),
-               "--", *torchrun_command(nproc, *train_args, launcher=launcher, script=script)]
-        proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True,
-                              timeout=JOB_TIMEOUT_S)
-        incident = json.loads(report.read_text()) if report.exists() else None
-        return WatchedRun(proc.returncode, proc.stdout + proc.stderr, incident)
+        job = job or torchrun_command(nproc, *train_args, launcher=launcher, script=script)
+        proc = subprocess.run(run_command(report, job, watchdog_args), env=job_env(tmp_path),
+                              capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        return watched_run(proc.returncode, proc.stdout + proc.stderr, report)
 
     return run
 

@@ -5,33 +5,17 @@ gloo, py-spy)."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import WATCHDOG, job_env
+from _harness import fault_time, stored
 
 EXIT_HANG_KILLED = 3
 FLOOR_S = 10.0  # --stall-floor's default
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
-
-
-def fault_time(output: str, fault: str) -> float:
-    """When the job says its fault began (the first rank to say so)."""
-    times = re.findall(rf"fault {fault} at step \d+, time ([\d.]+)", output)
-    assert times, output
-    return min(map(float, times))
-
-
-def stored(tmp_path: Path) -> list[dict[str, Any]]:
-    """Every incident the run stored, oldest first, through `watchdog incidents`."""
-    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
-                            capture_output=True, text=True, check=True)
-    return list(reversed(json.loads(listed.stdout)))
 
 
 def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(

@@ -219,3 +219,22 @@ def test_boot_never_stops_the_program_and_runs_the_sitecustomize_it_shadows(
     assert run.stdout.splitlines() == ["shadowed sitecustomize ran", "user code ran"]
     assert run.stderr.startswith("torch-hang-watchdog: hook not installed: ")
     assert len(run.stderr.splitlines()) == 1
+
+
+def test_spawned_ranks_record_as_the_rank_init_process_group_gives_them(tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn with a tcp:// init method: no RANK anywhere; the rank and
+    world size reach the hook through init_process_group's arguments (test_start_up runs one
+    with env://). The parent, armed too, writes no beacon."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "jobs" / "spawn_job.py"), "--nproc", "2",
+         "--init-method", "tcp", "--steps", "3"],
+        env=hooked_env(tmp_path), capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    snaps = beacons(tmp_path)
+    assert sorted(snaps) == [0, 1] and len(list(tmp_path.glob("*.beacon"))) == 2
+    for rank, snap in snaps.items():
+        assert (snap.identity.rank, snap.identity.world_size, snap.identity.job_id) == (
+            rank, 2, "test-job")
+        assert (snap.exit_state, snap.exit_code, snap.steps) == (EXIT_CLEAN, 0, 3)
+        assert snap.setup.call == ""  # it left init_process_group long ago
+        assert snap.groups[0].name == "0" and snap.groups[0].entered_seq == 3  # DDP forwards

@@ -18,6 +18,7 @@ from watchdog.beacon import (
     EXIT_EXCEPTION,
     GROUP_SLOT_SIZE,
     MAGIC,
+    MAX_EXIT_REASON,
     MAX_GROUPS,
     MAX_LISTED_RANKS,
     NOT_ENTERED,
@@ -29,13 +30,19 @@ from watchdog.beacon import (
     BeaconGroup,
     BeaconWriter,
     Identity,
+    RaisedException,
+    Setup,
     beacon_path,
     open_beacon,
     read_beacon,
 )
 from watchdog.errors import BeaconError
 
-IDENTITY = Identity("job-7@node-a:29500", 3, 1, 4, "node-b", 4242, 1764680000.5)
+IDENTITY = Identity("job-7@node-a:29500", 3, 1, 4, "node-b", 4242, 1764680000.5, attempt=2)
+RAISED = RaisedException("RuntimeError", "DataLoader worker (pid 4242) is killed by signal: "
+                         "Killed.", (("_error_if_any_worker_fails", "/venv/site-packages/torch/"
+                                      "utils/data/_utils/signal_handling.py", 73),
+                                     ("main", "/home/you/train.py", 88)))
 
 
 def make_writer(tmp_path: Path, identity: Identity = IDENTITY) -> BeaconWriter:
@@ -52,11 +59,14 @@ def test_round_trip(tmp_path: Path) -> None:
     writer.publish(6, entered, {world: 1}, 13.0)
     writer.set_phase("checkpoint", 14.0, 600.0)
     writer.heartbeat(15.0)
-    writer.mark_exit(EXIT_EXCEPTION, 1, 16.0)
+    writer.set_setup(Setup("new_group", 15.5, "tcp://10.0.0.1:23456"))
+    writer.mark_exit(EXIT_EXCEPTION, 1, 16.0, RAISED)
 
     snap = read_beacon(open_beacon(writer.path))
 
     assert snap.identity == IDENTITY
+    assert snap.setup == Setup("new_group", 15.5, "tcp://10.0.0.1:23456")
+    assert snap.raised == RAISED
     assert (snap.steps, snap.step_at, snap.heartbeat) == (6, 13.0, 15.0)
     assert (snap.phase, snap.phase_started, snap.phase_timeout) == ("checkpoint", 14.0, 600.0)
     assert (snap.exit_state, snap.exit_code, snap.exited_at) == (EXIT_EXCEPTION, 1, 16.0)
@@ -64,8 +74,22 @@ def test_round_trip(tmp_path: Path) -> None:
         BeaconGroup("0", (0, 1, 2, 3), "barrier", 2, 11.0, 1),
         BeaconGroup("1", (3, 1), "broadcast", 1, 12.0, 0),
     )
-    assert snap.events == 6 + 2 + 1 + 1
+    assert snap.events == 6 + 2 + 1 + 1 + 2  # steps, seqs entered and completed, groups joined
     assert snap.last_event_at == 13.0
+
+
+def test_an_exception_record_too_large_is_left_out_whole(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    writer.mark_exit(EXIT_EXCEPTION, 1, 16.0, RaisedException("E", "x" * MAX_EXIT_REASON))
+    assert read_beacon(open_beacon(writer.path)).raised is None
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[]", b'{"type": 1, "message": "", "frames": []}',
+                                 b'{"type": "E", "message": "m", "frames": [["f", "g"]]}',
+                                 b"\xff\xfe", b"[" * 5000])
+def test_an_exception_record_that_is_not_one_reads_as_none(raw: bytes) -> None:
+    decoded = RaisedException.decode(raw)
+    assert decoded is None or decoded.frames == ()
 
 
 def test_publish_stamps_steps_only_when_they_change(tmp_path: Path) -> None:
@@ -113,7 +137,7 @@ def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
     ("damage", "message"),
     [
         (lambda b: b"XXXXXXXX" + b[8:], "bad magic"),
-        (lambda b: b[:8] + struct.pack("<I", VERSION + 1) + b[12:], "version 2"),
+        (lambda b: b[:8] + struct.pack("<I", VERSION + 1) + b[12:], f"version {VERSION + 1}"),
         (lambda b: b[:12] + struct.pack("<I", SIZE + 8) + b[16:], "size"),
         (lambda b: b[: SIZE - 1], "bytes, expected"),
         (lambda b: b[:16] + struct.pack("<Q", 7) + b[24:], "kept changing"),

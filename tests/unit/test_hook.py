@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import watchdog
 from watchdog.beacon import (
+    EXIT_CLEAN,
+    MAX_EXIT_REASON,
     MAX_GROUPS,
     BeaconSnapshot,
     BeaconWriter,
@@ -17,17 +23,25 @@ from watchdog.beacon import (
     open_beacon,
     read_beacon,
 )
+from watchdog.hook import lifecycle
+from watchdog.hook.exit_reason import INNERMOST, describe
 from watchdog.hook.recorder import Recorder
+from watchdog.hook.torch_patches import _rank_and_world, _rendezvous
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")
 
 
-def test_install_outside_torchrun_returns_false(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_outside_torchrun_arms_and_records_nothing(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     for name in RANK_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WATCHDOG_BEACON_DIR", str(tmp_path))
+    # arming leaves its recorder and its post-import finder behind: this process is no rank
+    monkeypatch.setattr(lifecycle, "_recorder", None)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     assert watchdog.install() is False
+    assert lifecycle._recorder is not None and lifecycle._recorder.writer is None
+    monkeypatch.setattr(lifecycle, "_recorder", None)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("WATCHDOG_HOOK_PID", str(os.getppid()))  # a rank started this process
@@ -143,3 +157,91 @@ def test_internal_fault_disables_recording_and_removes_the_beacon(
     assert not recorder.enabled
     assert not os.path.exists(recorder.writer.path)
     assert capsys.readouterr().err.count("hook disabled after an internal error") == 1
+
+
+def raised_in(call: Any, *args: Any) -> BaseException:
+    try:
+        call(*args)
+    except Exception as e:
+        return e
+    raise AssertionError("it did not raise")
+
+
+class Exploding:
+    def __deepcopy__(self, memo: object) -> object:
+        raise RuntimeError("shard 7 is corrupt")
+
+
+def test_an_exception_record_keeps_where_it_was_raised_and_the_users_frames() -> None:
+    nested: list[Any] = [Exploding()]
+    for _ in range(40):
+        nested = [nested]
+    record = describe(raised_in(lambda: copy.deepcopy(nested)))
+    assert (record.type, record.message) == ("RuntimeError", "shard 7 is corrupt")
+    functions = [function for function, _, _ in record.frames]
+    assert functions[0] == "Exploding.__deepcopy__"  # innermost first
+    assert functions[1:INNERMOST] == ["deepcopy", "_deepcopy_list", "deepcopy",
+                                      "_deepcopy_list"]
+    # beyond 80 frames of copy.py: the user's frames that called it
+    assert functions[INNERMOST:] == [
+        "test_an_exception_record_keeps_where_it_was_raised_and_the_users_frames.<locals>."
+        "<lambda>"[:80], "raised_in"]
+    assert record.frames[0][1] == __file__ and record.frames[0][2] > 0
+    assert len(record.encode()) <= MAX_EXIT_REASON
+
+
+def test_an_exception_record_stays_within_its_bound() -> None:
+    record = describe(raised_in(json.loads, "[" + "x" * 100_000))
+    assert record.type == "JSONDecodeError"
+    assert record.message.startswith("Expecting value: line 1 column 2")
+    assert len(record.encode()) <= MAX_EXIT_REASON
+    def fail() -> None:
+        raise RuntimeError("é" * 50_000)
+
+    huge = describe(raised_in(fail))
+    assert huge.message == "é" * 200 and len(huge.encode()) <= MAX_EXIT_REASON
+    assert [function for function, _, _ in huge.frames] == [
+        "test_an_exception_record_stays_within_its_bound.<locals>.fail", "raised_in"]
+
+
+def test_an_exception_whose_message_cannot_be_formatted_still_gives_a_record() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no")
+
+    record = describe(Unprintable())
+    assert record.type.endswith("Unprintable") and "could not be formatted" in record.message
+
+
+@pytest.mark.parametrize(("arguments", "env", "expected"), [
+    ({"rank": 2, "world_size": 4}, {}, (2, 4)),
+    ({"init_method": "tcp://10.0.0.1:23456?rank=1&world_size=8"}, {}, (1, 8)),
+    ({"init_method": "file:///tmp/rdzv?rank=0&world_size=2", "rank": 1}, {}, (1, 2)),
+    ({"init_method": "env://"}, {"RANK": "3", "WORLD_SIZE": "4"}, (3, 4)),
+    ({"rank": -1}, {"RANK": "x"}, (-1, -1)),
+    ({"rank": 1}, {}, (-1, -1)),  # no world size anywhere: known once the group is up
+])
+def test_the_rank_init_process_group_is_given(arguments: dict[str, Any], env: dict[str, str],
+                                              expected: tuple[int, int]) -> None:
+    assert _rank_and_world(arguments, env) == expected
+
+
+def test_where_the_ranks_meet() -> None:
+    master = {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29500"}
+    assert _rendezvous({}, master) == "env://10.0.0.9:29500"
+    assert _rendezvous({"init_method": "env://"}, {}) == "env://?:?"
+    assert _rendezvous({"init_method": "tcp://h:1?rank=0&world_size=2"}, master) == "tcp://h:1"
+    assert _rendezvous({"store": object()}, master) == "a store the program created"
+
+
+def test_an_exit_is_timed_when_sys_exit_is_called_not_at_atexit(tmp_path: Path) -> None:
+    """torch's own exit handlers run before the hook's atexit and drop the peers'
+    connections: an exit stamped there looked later than the crashes it caused."""
+    recorder = make_recorder(tmp_path)
+    recorder.note_exit(3)
+    called = time.time()
+    time.sleep(0.05)  # the interpreter shutting down
+    recorder.mark_shutdown()
+    snap = read_beacon(open_beacon(recorder.writer.path))
+    assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, 3)
+    assert 0 < snap.exited_at <= called

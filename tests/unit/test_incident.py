@@ -27,7 +27,7 @@ from test_verdict import (
 from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
 from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
 from watchdog.coordinator.verdict import decide
-from watchdog.model import Frame, Kind, RankStack, Verdict
+from watchdog.model import ExitReason, Frame, Kind, RankStack, Verdict
 
 STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
 NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"
@@ -47,6 +47,8 @@ INCIDENT_KEYS = [
     "culprit_ranks",
     "waiting_ranks",
     "collective",
+    "advice",
+    "attempt",
     "ranks",
     "stack_groups",
 ]
@@ -90,8 +92,10 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
     assert rows[1] == {
         "rank": 1, "host": "node-a", "node": "node-a", "pid": 4243, "state": "STALLED", "step": 56,
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
+        "setup": None,
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
         "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
+        "exit_reason": None,
         "heartbeat_age": 0.2, "phase": "", "activity": None,
         "timeline": {"last_event_at": T0, "exited_at": None, "collectives": [
             {"group": "0", "seq": 56, "op": "all_reduce", "completed": True,
@@ -291,3 +295,31 @@ def test_timeline_keeps_each_groups_last_collective_the_latest_first_bounded() -
     assert [c["group"] for c in timeline["collectives"]] == [str(g) for g in range(11, 3, -1)]
     assert timeline["collectives"][0] == {"group": "11", "seq": 21, "op": "all_reduce",
                                           "completed": True, "entered_at": T0 + 11.0}
+
+
+def test_how_ranks_ended_and_the_advice_reach_the_incident_and_its_text() -> None:
+    raised = ExitReason("ValueError", "environment variable MASTER_ADDR expected, but not set",
+                        (Frame("_env_rendezvous_handler", f"{SITE}/torch/distributed/"
+                               "rendezvous.py", 265), Frame("main", "/home/ml/train.py", 90)))
+    job = snapshot(
+        dataclasses.replace(exited(rank(1, done(56, 2.0)), 3.0, 1, False), exit_reason=raised),
+        dataclasses.replace(exited(rank(2, done(56, 2.0)), 4.0, None, False),
+                            exit_reason=ExitReason(signal="SIGKILL", oom_killed=True)),
+        rank(0, entered(57, 3.1)), rank(3, entered(57, 3.2), setup="new_group"), stalled=False)
+    verdict = decide(job)
+    assert verdict is not None
+    record = build_incident(job, verdict, "1", T0 + 5)
+    rows = {row["rank"]: row for row in record["ranks"]}
+    assert rows[1]["exit_reason"] == {"exception": {
+        "type": "ValueError", "message": raised.message,
+        "frames": [{"function": f.function, "file": f.file, "line": f.line}
+                   for f in raised.frames]}}
+    assert rows[2]["exit_reason"] == {"signal": "SIGKILL", "oom_killed": True}
+    assert rows[0]["exit_reason"] is None and rows[3]["setup"] == "new_group"
+    assert record["advice"]["category"] == "ENV_MISSING"
+    text = render_incident(record)
+    assert "EXITED (SIGKILL)" in text and "new_group (waiting)" in text
+    assert "ENV_MISSING: environment variable MASTER_ADDR is not set" in text
+    assert ("rank 1 raised ValueError: environment variable MASTER_ADDR expected, but not set\n"
+            f"  {SITE}/torch/distributed/rendezvous.py:265 _env_rendezvous_handler\n"
+            "  /home/ml/train.py:90 main") in text

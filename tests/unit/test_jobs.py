@@ -32,17 +32,30 @@ def left(state: RankState, code: int = 0) -> RankState:
                                proc_state="")
 
 
-def test_start_up_ends_once_every_hooked_rank_joined_a_group() -> None:
-    job = view(*(joined(n) for n in range(3)), rank(3))
-    assert not job.started
-    job.update("node-1", joined(3))
-    assert job.started
-    job.update("node-1", rank(3))  # once over, start-up stays over
-    assert job.started
+def test_the_stall_clock_runs_from_the_first_report_and_each_rank_starting_is_progress(
+        ) -> None:
+    """Rank 3 never reaches init_process_group: no rank joins a group, and still the job stalls
+    once the warm-up is over. A rank that starts later restarts the clock."""
+    job = view(*(rank(n, steps=0) for n in range(3)))
+    job.observe(T0)
+    job.update("node-1", rank(3, steps=0))
+    job.observe(T0 + 20)
+    assert job.tracker.stalled_for(T0 + 20) == 0.0
+    assert not job.stalled(T0 + 20 + POLICY.warmup - 1)
+    assert job.stalled(T0 + 20 + POLICY.warmup)
 
 
-def test_ranks_without_a_hook_need_no_group() -> None:
-    assert view(*(rank(n, hooked=False) for n in range(4))).started
+def test_a_second_live_process_claiming_a_rank_is_noted_not_followed() -> None:
+    first = rank(1, pid=100)
+    job = view(joined(0), first)
+    job.update("node-0", rank(1, pid=200))
+    job.update("node-1", rank(1, pid=100, host="node-b"))  # the same pid in another host
+    assert job.ranks[1].pid == 100
+    assert job.snapshot(T0).duplicates == {1: (("node-a", 100), ("node-a", 200),
+                                               ("node-b", 100))}
+    job.update("node-0", left(first))
+    job.update("node-0", rank(1, pid=200))
+    assert job.ranks[1].pid == 200 and job.snapshot(T0).duplicates == {}
 
 
 def test_warm_up_grace_lasts_until_every_hooked_rank_stepped() -> None:
@@ -79,7 +92,7 @@ def test_an_exit_asks_for_judgement_and_the_last_exit_ends_the_job() -> None:
 def test_events_total_counts_each_rank_once() -> None:
     job = view(*(joined(n, events=10) for n in range(4)))
     job.update("node-0", joined(0, events=25))
-    assert job.events_total() == 10 * 3 + 25
+    assert job.events_total() == 10 * 3 + 25 + 4  # each rank's start counts too
 
 
 def totals(job: JobView, now: float) -> tuple[object, ...]:

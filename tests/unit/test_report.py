@@ -13,6 +13,7 @@ from typing import Any
 from test_incident import incident
 from test_verdict import DATA_STALL, DDP_BACKWARD, SITE
 
+from agent import Agent
 from watchdog.cli.embedded import RunOptions, _Run
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.model import Frame
@@ -181,11 +182,12 @@ def test_job_page_grid_has_one_cell_per_rank_culprit_outlined() -> None:
     assert {c["data-state"] for c in cells} == {"WAITING", "STALLED"}
 
 
-
 def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) -> None:
     page = tmp_path / "hang.html"
     out = io.StringIO()
-    run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill", report_html=str(page)), out)
+    agent = Agent(None, str(tmp_path), "node")
+    run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill", report_html=str(page)), out,
+               agent)
     notice = dict(incident(), id="n1", severity="notice", summary="rank 0 busy")
     run.on_incident(notice)
     assert not page.exists()  # notices are not hangs
@@ -195,7 +197,8 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
     assert "a later hang" not in page.read_text()
 
     broken = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill",
-                             report_html=str(tmp_path / "no" / "such" / "dir.html")), out)
+                             report_html=str(tmp_path / "no" / "such" / "dir.html")), out,
+                  agent)
     broken.on_incident(incident())
     assert broken.hang.is_set()  # --on-hang still acts
     assert "cannot write the HTML report" in out.getvalue()

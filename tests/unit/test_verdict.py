@@ -22,6 +22,7 @@ from watchdog.coordinator import evidence as _evidence
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
     CollectiveRef,
+    ExitReason,
     Frame,
     GroupProgress,
     JobSnapshot,
@@ -398,6 +399,45 @@ def test_exit_summary_gives_exit_code_and_shutdown(
     assert verdict.summary == expected
 
 
+RAISED = ExitReason(
+    "RuntimeError", "DataLoader worker (pid 4242) is killed by signal: Killed.\nsecond line",
+    (Frame("handler", f"{SITE}/torch/utils/data/_utils/signal_handling.py", 73),
+     Frame("_try_get_data", f"{SITE}/torch/utils/data/dataloader.py", 1243),
+     Frame("main", TRAIN, 88)))
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "expected", "category"),
+    [
+        (1, RAISED, "rank 2 raised RuntimeError: DataLoader worker (pid 4242) is killed by "
+         "signal: Killed. at train.py:88 and exited first at 12:00:03 (exit code 1, no clean "
+         "shutdown)", None),
+        (None, ExitReason(signal="SIGKILL", oom_killed=True), "rank 2 was killed by SIGKILL "
+         "(the kernel's OOM killer) at 12:00:03, the first to exit,", None),
+        (1, ExitReason("ValueError", "Error initializing torch.distributed using env:// "
+                                     "rendezvous: environment variable MASTER_ADDR expected, "
+                                     "but not set"),
+         "rank 2 raised ValueError: Error initializing torch.distributed using env:// "
+         "rendezvous: environment variable MASTER_ADDR expected, but not set and exited first "
+         "at 12:00:03 (exit code 1, no clean shutdown)", "ENV_MISSING"),
+    ],
+)
+def test_exit_summary_says_what_the_rank_raised_or_what_killed_it(
+    code: int | None, reason: ExitReason, expected: str, category: str | None
+) -> None:
+    verdict = decide(
+        snapshot(
+            dataclasses.replace(exited(rank(2, done(56, 2.6)), at=3.0, code=code, clean=False),
+                                exit_reason=reason),
+            rank(0, entered(57, 3.1)), rank(1, entered(57, 3.2)), rank(3, entered(57, 3.3)),
+            stalled=False,
+        )
+    )
+    assert verdict is not None
+    assert verdict.summary == f"{expected} while ranks 0,1,3 still needed it"
+    assert (verdict.advice.category if verdict.advice else None) == category
+
+
 def test_mismatch_between_equal_sides_blames_the_side_with_the_lowest_rank() -> None:
     job = snapshot(
         rank(0, entered(57, 3.0, ranks=PAIR)), rank(1, entered(57, 3.1, op="barrier", ranks=PAIR))
@@ -522,9 +562,10 @@ def test_rank_still_importing_torch_while_the_others_wait_in_init() -> None:
         (0,),
         (1, 2, 3),
     )
+    assert verdict.collective == CollectiveRef("0", WORLD, 0, "init_process_group")
     assert verdict.summary == (
-        "rank 0 (stuck in <module> at train.py:14) never reached the collective that ranks 1-3 "
-        "wait in (init_process_group called at train.py:94)"
+        "rank 0 (stuck in <module> at train.py:14) never reached init_process_group; ranks 1-3 "
+        "wait there (called at train.py:94)"
     )
 
 

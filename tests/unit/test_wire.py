@@ -10,6 +10,7 @@ import pytest
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     Activity,
+    ExitReason,
     Frame,
     GroupProgress,
     NodeReport,
@@ -36,11 +37,20 @@ def through_the_wire(report: NodeReport) -> NodeReport | StackReply:
     return _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
 
 
+RAISED = ExitReason("RuntimeError", "shard 7 is corrupt",
+                    (Frame("read_shard", "/home/ml/train.py", 117),
+                     Frame("main", "/home/ml/train.py", 88)))
+
+
 def test_node_report_round_trip_keeps_every_field() -> None:
-    exited = replace(RANK, rank=3, exited_at=1764680010.0, exit_code=0, clean_exit=True,
+    exited = replace(RANK, rank=3, exited_at=1764680010.0, exit_code=1, clean_exit=False,
                      proc_state="", heartbeat_age=None, progress_age=None,
-                     activity=Activity(5.0, gpu_util=None))
-    report = NodeReport("node-a", 1764680011.0, (RANK, exited))
+                     activity=Activity(5.0, gpu_util=None), exit_reason=RAISED, attempt=2)
+    killed = replace(RANK, rank=2, exited_at=1764680009.0, exit_code=None,
+                     exit_reason=ExitReason(signal="SIGKILL", oom_killed=True))
+    joining = replace(RANK, rank=0, groups=(), setup="init_process_group", setup_age=12.5,
+                      rendezvous="tcp://10.0.0.9:29500")
+    report = NodeReport("node-a", 1764680011.0, (RANK, exited, killed, joining))
     assert through_the_wire(report) == report
 
 
@@ -66,6 +76,12 @@ def test_stack_reply_round_trip() -> None:
     replace(RANK, activity=Activity(5.0, write_rate=-1.0)),
     replace(RANK, groups=(GroupProgress("1", (0, -5), 1, "all_reduce", 0, 1.0),)),
     replace(RANK, groups=(GroupProgress("1", (0, 1), 1, "x" * 5000, 0, 1.0),)),
+    replace(RANK, exit_reason=ExitReason(signal="\x1b[2J")),
+    replace(RANK, exit_reason=ExitReason("E", "m" * (_wire.MAX_TEXT + 1))),
+    replace(RANK, exit_reason=ExitReason("E", "m", (RAISED.frames[0],) * 65)),
+    replace(RANK, attempt=_wire.MAX_ATTEMPT),
+    replace(RANK, setup_age=math.nan),
+    replace(RANK, rendezvous="r" * (_wire.MAX_TEXT + 1)),
 ])
 def test_malformed_rank_states_are_rejected(broken: RankState) -> None:
     with pytest.raises(MessageRejectedError):

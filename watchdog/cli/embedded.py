@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from agent.daemon import Agent
+from agent.workers import Worker
 from watchdog import env as _env
 from watchdog import metrics
 from watchdog.cli.discover import claim_run_socket
@@ -43,7 +44,7 @@ INTERVAL_S = 0.25
 class RunOptions:
     cmd: Sequence[str]
     policy: StallPolicy
-    on_hang: str = "report"  # or "kill"
+    on_hang: str = "report"  # or "kill", or "restart"
     report_path: str | None = None
     report_html: str | None = None  # the first hang incident as an HTML page
     db_path: str = ""
@@ -51,6 +52,7 @@ class RunOptions:
     native: bool = False  # py-spy --native stacks
     job_log: str | None = None  # where the job's stdout and stderr go; None: ours
     metrics_listen: str | None = None  # HOST:PORT for Prometheus; None: no metrics served
+    time_limit: float | None = None  # end a job still running after this many seconds
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
@@ -62,20 +64,25 @@ def write_report(path: str, incident: dict[str, Any]) -> None:
 
 
 class _Run:
-    def __init__(self, options: RunOptions, out: TextIO) -> None:
+    def __init__(self, options: RunOptions, out: TextIO, agent: Agent) -> None:
         self.options = options
         self.out = out
+        self.agent = agent
         self.incidents: list[dict[str, Any]] = []
         self.hang = asyncio.Event()
         self.reported = False  # the first hang went to --report and --report-html
+        self.restarts: set[asyncio.Task[None]] = set()
 
     def on_incident(self, incident: dict[str, Any]) -> None:
-        """Every incident is printed once; only a hang is the report and ends the job."""
+        """Every incident is printed once; only a hang is the report, and only a hang ends the
+        job (`kill`) or the attempt that hung (`restart`)."""
         self.incidents.append(incident)
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
         if not is_hang(incident):
             return
+        if self.options.on_hang == "restart":
+            self._end_attempt(incident["job_id"])
         if not self.reported:
             self.reported = True
             if self.options.report_path:
@@ -93,17 +100,29 @@ class _Run:
             log.debug("writing %s failed", path, exc_info=True)
             self.out.write(f"watchdog: cannot write the HTML report to {path}: {e}\n")
 
+    def _end_attempt(self, job_id: str) -> None:
+        """End the workers of the attempt that hung, and not torchrun, which then starts the
+        next attempt while it has restarts left (--max-restarts), or fails the job."""
+        workers = [w for w in self.agent.table.workers()
+                   if w.alive and w.verified and w.identity.job_id == job_id]
+        self.out.write(f"watchdog: ending the {len(workers)} workers of {job_id} so that "
+                       "torchrun restarts them (--on-hang restart)\n")
+        self.out.flush()
+        task = asyncio.get_running_loop().create_task(_end_workers(workers))
+        self.restarts.add(task)
+        task.add_done_callback(self.restarts.discard)
 
-async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
-    """Run the job under watch; the job's exit code, or 3 when a hang made us end it."""
+
+async def run_job(options: RunOptions, out: TextIO = sys.stderr,
+                  incidents: list[dict[str, Any]] | None = None) -> int:
+    """Run the job under watch; the job's exit code, or 3 when a hang (or the time limit) made
+    us end it. Every incident is printed, and appended to `incidents` where given."""
     cmd = check_command(options.cmd)
     base = _env.beacon_dir()
     os.makedirs(base, mode=0o755, exist_ok=True)
     run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
     store = IncidentStore(options.db_path)
-    state = _Run(options, out)
     coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
-    coordinator.listeners.append(state.on_incident)
     # In the runs directory, `watchdog status` finds it; where that cannot be, in our own.
     socket_path = claim_run_socket(os.getpid()) or f"{run_dir}/coordinator.sock"
     address = f"unix:{socket_path}"
@@ -111,6 +130,10 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     os.chmod(socket_path, 0o600)
     agent = Agent(address, run_dir, _env.short_hostname(), INTERVAL_S,
                   scan_unhooked=False, native=options.native)
+    state = _Run(options, out, agent)
+    coordinator.listeners.append(state.on_incident)
+    if incidents is not None:
+        coordinator.listeners.append(incidents.append)
     stop = asyncio.Event()
     daemons = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(agent.run(stop))]
     exporter = metrics.serve(options.metrics_listen) if options.metrics_listen else None
@@ -148,14 +171,27 @@ def _live_worker_pids(agent: Agent) -> list[int]:
     return [w.identity.pid for w in agent.table.workers() if w.alive and w.verified]
 
 
+async def _end_workers(workers: list[Worker]) -> None:
+    """SIGTERM, then SIGKILL to those the agent still sees alive after the grace period."""
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 0.0)):
+        for worker in workers:
+            if worker.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.identity.pid, sig)
+        await asyncio.sleep(grace)
+
+
 async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
                     worker_pids: Callable[[], list[int]]) -> int:
     exited = asyncio.create_task(proc.wait())
     hang = asyncio.create_task(state.hang.wait())
-    await asyncio.wait({exited, hang}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({exited, hang}, return_when=asyncio.FIRST_COMPLETED,
+                       timeout=state.options.time_limit)
     hang.cancel()
     if not exited.done():
-        state.out.write("watchdog: ending the hung job (--on-hang kill)\n")
+        why = ("hung job (--on-hang kill)" if state.hang.is_set() else
+               f"job, still running after {state.options.time_limit:.0f} s")
+        state.out.write(f"watchdog: ending the {why}\n")
         await _kill_job(proc, exited, worker_pids())
         return ExitCode.HANG_KILLED
     code = exited.result()

@@ -14,6 +14,7 @@ from types import ModuleType
 from watchdog import __version__
 from watchdog.cli import (
     agent,
+    check,
     coordinator,
     demo,
     doctor,
@@ -29,6 +30,7 @@ from watchdog.errors import ExitCode, UsageError, WatchdogError
 COMMANDS: dict[str, ModuleType] = {
     "run": run, "launch": launch, "demo": demo, "agent": agent, "coordinator": coordinator,
     "status": status, "incidents": incidents, "explain": explain, "doctor": doctor,
+    "check": check,
 }
 DAEMONS = ("agent", "coordinator")
 

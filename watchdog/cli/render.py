@@ -45,6 +45,9 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     ]
     if incident.get("node"):
         lines.append(f"unreachable node: {incident['node']}")
+    advice = incident.get("advice")
+    if advice:
+        lines += [f"{advice['category']}: {advice['cause']}", f"fix: {advice['fix']}"]
     lines += ["", rank_table(incident["ranks"], culprits, color)]
     if incident["stack_groups"]:
         lines += ["", "stacks, fewest ranks first:"]
@@ -107,14 +110,16 @@ def _row_cells(row: Mapping[str, Any], culprit: bool) -> list[str]:
     age = row["heartbeat_age"]
     state = row["state"]
     if state == RankStatus.EXITED:
-        state += " (killed)" if row["exit_code"] is None else f" ({row['exit_code']})"
+        killed = (row.get("exit_reason") or {}).get("signal", "killed")
+        state += f" ({killed})" if row["exit_code"] is None else f" ({row['exit_code']})"
     return [
         f"{_CULPRIT_MARK if culprit else ' '}{row['rank']}",
         row["host"],
         str(row["pid"]),
         state,
         str(row["step"]),
-        _collective_cell(row["last_collective"]),
+        f"{row['setup']} (waiting)" if row.get("setup") else _collective_cell(
+            row["last_collective"]),
         "-" if age is None else f"{age:.1f}s",
     ]
 
@@ -129,6 +134,10 @@ def _collective_cell(last: Mapping[str, Any] | None) -> str:
 
 def _culprit_evidence(row: Mapping[str, Any]) -> list[str]:
     lines = []
+    raised = (row.get("exit_reason") or {}).get("exception")
+    if raised:
+        lines += ["", f"rank {row['rank']} raised {raised['type']}: {raised['message']}"]
+        lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in raised["frames"]]
     if row["stack"]:
         lines += ["", f"rank {row['rank']} stack, innermost first:"]
         lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in row["stack"]]

@@ -15,8 +15,10 @@ HELP = "run a job with an embedded agent and coordinator"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_stall_options(p)
-    p.add_argument("--on-hang", choices=("report", "kill"), default="report",
-                   help="after a diagnosis: keep the job running (report) or end it (kill)")
+    p.add_argument("--on-hang", choices=("report", "kill", "restart"), default="report",
+                   help="after a hang's diagnosis: keep the job running (report), end it "
+                        "(kill), or end the hung attempt's workers so that torchrun restarts "
+                        "them while --max-restarts allows (restart)")
     p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
     p.add_argument("--report-html", metavar="PATH",
                    help="write the first hang incident to PATH as one self-contained HTML page")

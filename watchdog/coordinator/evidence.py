@@ -7,11 +7,9 @@ carries says the same thing the verdict was decided on.
 from __future__ import annotations
 
 import functools
-import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import PurePath
 
 from watchdog.model import (
     WORLD_GROUP,
@@ -23,15 +21,11 @@ from watchdog.model import (
     RankState,
     is_native_file,
 )
+from watchdog.paths import HOOK_DIR, is_library_source
 
 HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
 # "T" only: "t" is a tracing stop, which is what our own py-spy dump looks like while it runs.
 _STOPPED_STATES = frozenset("T")
-# Installed packages and the standard library, on any interpreter layout; "<frozen ...>" too.
-_LIBRARY_PATH = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib(64)?[/\\]python[\d.]*[/\\]|^<")
-_OWN_DIR = str(Path(__file__).parents[1]) + os.sep  # a checkout's hook wrappers sit here...
-_DEMO_DIR = _OWN_DIR + "demo" + os.sep  # ...and the demo's train.py, which plays user code
-_HOOK_DIR = _OWN_DIR + "hook" + os.sep
 _COLLECTIVE_FUNCTIONS = frozenset(
     {
         "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -70,8 +64,7 @@ def is_library_frame(frame: Frame) -> bool:
 # of times.
 @functools.lru_cache(maxsize=4096)
 def _is_library_file(file: str) -> bool:
-    own = file.startswith(_OWN_DIR) and not file.startswith(_DEMO_DIR)
-    return own or _LIBRARY_PATH.search(file) is not None or _is_native_file(file)
+    return is_library_source(file) or _is_native_file(file)
 
 
 _is_native_file = functools.lru_cache(maxsize=4096)(is_native_file)
@@ -89,7 +82,7 @@ def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
 def top_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost Python frame that is not the hook's own wrapper around a torch call."""
     frames = python_frames(frames) or frames
-    return next((f for f in frames if not f.file.startswith(_HOOK_DIR)),
+    return next((f for f in frames if not f.file.startswith(HOOK_DIR)),
                 frames[0] if frames else None)
 
 

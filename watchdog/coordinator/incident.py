@@ -20,7 +20,15 @@ from watchdog.coordinator.evidence import (
     wedge_reason,
 )
 from watchdog.explain.scan import explain_lines
-from watchdog.model import JobSnapshot, Kind, RankStack, RankState, RankStatus, Verdict
+from watchdog.model import (
+    ExitReason,
+    JobSnapshot,
+    Kind,
+    RankStack,
+    RankState,
+    RankStatus,
+    Verdict,
+)
 
 TIMELINE_GROUPS = 8  # an incident row carries the last collective of at most this many groups
 
@@ -50,6 +58,11 @@ def build_incident(
             "seq": collective.seq,
             "op": collective.op,
         },
+        "advice": None if verdict.advice is None else {
+            "category": verdict.advice.category, "cause": verdict.advice.cause,
+            "fix": verdict.advice.fix,
+        },
+        "attempt": max((r.attempt for r in snapshot.ranks), default=0),
         "ranks": rank_rows(snapshot),
         "stack_groups": stack_groups(snapshot.stacks),
     }
@@ -114,6 +127,7 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "state": _rank_state(snapshot, rank, furthest),
         "step": rank.steps,
         "last_collective": _last_collective(rank),
+        "setup": rank.setup or None,
         "stack": [{"function": f.function, "file": f.file, "line": f.line}
                   for f in stack.frames],
         "nccl_log": list(stack.nccl_log),
@@ -121,11 +135,26 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "worker_log": list(stack.worker_log),
         "worker_findings": _findings(stack.worker_log),
         "exit_code": rank.exit_code,
+        "exit_reason": _exit_reason(rank.exit_reason),
         "heartbeat_age": rank.heartbeat_age,
         "phase": rank.phase,
         "activity": _activity(rank),
         "timeline": _timeline(rank),
     }
+
+
+def _exit_reason(reason: ExitReason | None) -> dict[str, Any] | None:
+    """{"exception": {"type", "message", "frames"}} or {"signal": "SIGKILL"}; None: unknown."""
+    if reason is None:
+        return None
+    if reason.exception:
+        frames = [{"function": f.function, "file": f.file, "line": f.line} for f in reason.frames]
+        return {"exception": {"type": reason.exception, "message": reason.message,
+                              "frames": frames}}
+    killed: dict[str, Any] = {"signal": reason.signal}
+    if reason.oom_killed:
+        killed["oom_killed"] = True
+    return killed
 
 
 def _activity(rank: RankState) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState, Severity
 
 WARM_EVENTS = 8
+MAX_DUPLICATES = 1024
 PACED_STEPS = 3  # a hook's own gaps count once its rank finished this many steps
 LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expected to take this x S
 
@@ -48,16 +49,24 @@ class JobView:
         self._hooked = 0
         self._exited = 0
         self._warming = 0  # hooked ranks that finished no step yet
-        self._unjoined = 0  # hooked ranks in no process group yet
         self._in_phase: set[int] = set()
-        self._started = False
+        # rank -> the live processes (host, pid) that claimed it besides the one followed: a
+        # duplicate RANK (the rendezvous then never completes)
+        self.duplicates: dict[int, set[tuple[str, int]]] = {}
         self._progress_at: float | None = None  # the latest progress any hook stamped
         self._paces: dict[int, float] = {}  # rank -> its hook's p99 gap, once paced
         self._pace: float | None = None  # their maximum; None until recomputed
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
-        """Take a rank's state from a report that arrived at `received` (None: unknown)."""
+        """Take a rank's state from a report that arrived at `received` (None: unknown). A
+        second live process claiming a rank is noted, not followed."""
         previous = self.ranks.get(state.rank)
+        if previous is not None and previous.alive and (previous.host, previous.pid) != (
+                state.host, state.pid):
+            if state.alive and len(self.duplicates) < MAX_DUPLICATES:
+                self.duplicates.setdefault(state.rank, set()).add((state.host, state.pid))
+            return
+        self.duplicates.pop(state.rank, None)
         if previous is not None:
             self._count(previous, -1)
         self._count(state, 1)
@@ -88,7 +97,6 @@ class JobView:
         self._exited += sign * (not state.alive)
         self._warming += sign * (state.hooked and state.steps == 0
                                  and state.events < WARM_EVENTS)
-        self._unjoined += sign * (state.hooked and not state.groups)
         if state.phase and state.alive:
             if sign > 0:
                 self._in_phase.add(state.rank)
@@ -96,7 +104,8 @@ class JobView:
                 self._in_phase.discard(state.rank)
 
     def events_total(self) -> int:
-        return self._events + self.probe_progress
+        """Everything the job did, a rank starting included: start-up is progress."""
+        return self._events + self.probe_progress + len(self.ranks)
 
     @property
     def stacks_only(self) -> bool:
@@ -124,20 +133,10 @@ class JobView:
                   if r.phase_age < r.phase_timeout)
         return max([self.policy.warmup if self._warming else 0.0, *phases])
 
-    @property
-    def started(self) -> bool:
-        """Every rank reported and every hooked one joined its process groups: start-up is over.
-
-        Until then importing torch and the rendezvous are slow on their own; the stall clock
-        starts here, and the warm-up grace follows. Once over, it stays over.
-        """
-        self._started = self._started or (0 < self.world_size <= len(self.ranks)
-                                          and not self._unjoined)
-        return self._started
-
     def observe(self, now: float) -> None:
-        if not self.started:
-            return
+        """The stall clock runs from the first report: a rank that never reaches
+        init_process_group, or never starts, stalls the job like any other. Start-up gets the
+        warm-up grace (`grace`), and each rank that starts is progress."""
         total, quiet = self.events_total(), self.tracker.stalled_for(now)
         if self.tracker.observe(total, now, self._progress_at, warm=not self._warming):
             self._progress_resumed(quiet)
@@ -188,7 +187,9 @@ class JobView:
             stalled_for=self.tracker.stalled_for(now), stalled=self.stalled(now),
             ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {},
             rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes,
-            busy_timeout=self.policy.busy_timeout)
+            busy_timeout=self.policy.busy_timeout,
+            duplicates={rank: tuple(sorted({(self.ranks[rank].host, self.ranks[rank].pid), *more}))
+                        for rank, more in self.duplicates.items()})
 
     def state(self, now: float) -> JobState:
         if self.ranks and self.everyone_left:

@@ -1,7 +1,8 @@
 """Verdict engine: names the rank that hung a job, and why (runs in the coordinator).
 
 `decide` is a pure function of one JobSnapshot. RANK_EXITED is decided at any time; the other
-kinds only once the job is stalled, tried in docs/design.md's priority order, and then tiered:
+kinds only once the job is stalled, tried in docs/design.md's priority order (ranks stuck in
+init_process_group or new_group: `startup`), and then tiered:
 a culprit that shows progress is busy (RANK_BUSY, a notice) until the busy timeout. Group reasoning
 compares sequence numbers, which every member of a process group counts identically; ranks that
 report no group (no hook, or before init_process_group returns) are judged by their stacks
@@ -39,10 +40,13 @@ from watchdog.coordinator.evidence import (
     latest_pending,
     wedge_reason,
 )
+from watchdog.coordinator.startup import setup_stall
 from watchdog.coordinator.wording import (
     busy_text,
     collective_text,
     culprits_text,
+    exit_advice,
+    exit_text,
     group_text,
     stack_place_text,
     verb,
@@ -116,19 +120,14 @@ def _rank_exited(snapshot: JobSnapshot) -> Verdict | None:
     peers = [r for r in snapshot.ranks if r.rank != first.rank]
     # Peers that died after it (their connection dropped) still show where they waited.
     awaited = (awaited_collective(snapshot, peer, first) for peer in peers)
-    code = first.exit_code
-    summary = (
-        f"rank {first.rank} exited first at {clock(first.exited_at or 0.0)} "
-        f"({'killed/unknown exit code' if code is None else f'exit code {code}'}, "
-        f"{'clean shutdown' if first.clean_exit else 'no clean shutdown'}) "
-        f"while {ranks_text(r.rank for r in peers)} still needed it"
-    )
+    summary = f"{exit_text(first)} while {ranks_text(r.rank for r in peers)} still needed it"
     return Verdict(
         Kind.RANK_EXITED,
         summary,
         (first.rank,),
         tuple(r.rank for r in peers if latest_pending(r) is not None),
         next((ref for ref in awaited if ref is not None), None),
+        advice=exit_advice(first),
     )
 
 
@@ -340,6 +339,7 @@ def _node_unreachable(job: StallView) -> Verdict | None:
 _STALL_RULES: tuple[Callable[[StallView], Verdict | None], ...] = (
     _node_unreachable,
     _wedged,
+    setup_stall,
     _mismatch,
     _missing,
     _all_in_collective,

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
-from watchdog.model import WORLD_GROUP, CollectiveRef
+from watchdog.explain.scan import classify_line
+from watchdog.model import WORLD_GROUP, Advice, CollectiveRef, RankState
 from watchdog.text import clock, ranks_text
+
+MESSAGE_CHARS = 200  # of an exception's message in a summary: its first line, cut here
 
 
 def group_text(group: str, members: Sequence[int]) -> str:
@@ -72,3 +75,34 @@ def stack_place_text(job: StallView, rank: int) -> str:
 def verb(ranks: Sequence[int], singular: str) -> str:
     plural = {"waits": "wait", "is": "are"}[singular]
     return singular if len(ranks) == 1 else plural
+
+
+def exit_text(rank: RankState) -> str:
+    """How a rank left: 'rank 1 raised RuntimeError: shard 7 is corrupt at train.py:88 and
+    exited first at 12:00:03 (exit code 1, no clean shutdown)', 'rank 2 was killed by SIGKILL
+    (the kernel's OOM killer) at 12:00:03, the first to exit,' or, without a known reason,
+    'rank 3 exited first at 12:00:03 (exit code 0, clean shutdown)'."""
+    reason, at = rank.exit_reason, clock(rank.exited_at or 0.0)
+    code = "killed/unknown exit code" if rank.exit_code is None else f"exit code {rank.exit_code}"
+    how = f"({code}, {'clean shutdown' if rank.clean_exit else 'no clean shutdown'})"
+    if reason is not None and reason.exception:
+        message = reason.message.strip().split("\n", 1)[0]
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS] + "..."
+        frame = stuck_frame(reason.frames)
+        where = f" at {frame_site(frame)}" if frame is not None else ""
+        return (f"rank {rank.rank} raised {reason.exception}: {message}{where} and exited first "
+                f"at {at} {how}")
+    if reason is not None and reason.signal:
+        killer = " (the kernel's OOM killer)" if reason.oom_killed else ""
+        return f"rank {rank.rank} was killed by {reason.signal}{killer} at {at}, the first to exit,"
+    return f"rank {rank.rank} exited first at {at} {how}"
+
+
+def exit_advice(rank: RankState) -> Advice | None:
+    """What `watchdog explain` says of the exception the rank raised, if it knows it."""
+    reason = rank.exit_reason
+    if reason is None or not reason.exception:
+        return None
+    finding = classify_line(0, f"{reason.exception}: {reason.message}"[:4096])
+    return None if finding is None else Advice(finding.category, finding.cause, finding.fix)

@@ -1,13 +1,15 @@
 """A tiny DDP training job (one process per rank, under torchrun) with one injectable fault.
 
 `watchdog demo` runs it with a rank stuck in its data pipeline; the integration tests run every
-fault. Done right: DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU.
+fault (tests/jobs/spawn_job.py runs it under torch.multiprocessing.spawn). Done right:
+DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -20,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
-          "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock")
+          "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock", "init_stall",
+          "crash", "killed")
 EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
 
 
@@ -109,6 +112,18 @@ def checkpoint(writer: bool, seconds: float) -> None:
     dist.barrier()
 
 
+def prepare_dataset() -> None:
+    """Stands for a rank that prepares its data before joining the job, and never finishes."""
+    announce("init_stall")
+    time.sleep(3600)
+
+
+def read_shard(index: int) -> None:
+    """A crash: the rank raises, the others are left waiting for it."""
+    announce("crash")
+    raise RuntimeError(f"shard {index} is corrupt: expected 4096 records, found 17")
+
+
 def spin_until_ready() -> None:
     """A livelock: waits, burning a core, for a flag that nothing will set."""
     while not Progress.ready:
@@ -155,7 +170,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                         help="every rank computes for S seconds before its first step, as a "
                              "compiling or warming-up job does")
-    return parser.parse_args(argv)
+    parser.add_argument("--restart-fault", choices=FAULTS, default=None,
+                        help="the fault of the attempts torchrun restarts (default: --fault)")
+    parser.add_argument("--restart-fault-rank", type=int, default=None)
+    args = parser.parse_args(argv)
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        if args.restart_fault is not None:
+            args.fault = args.restart_fault
+        if args.restart_fault_rank is not None:
+            args.fault_rank = args.restart_fault_rank
+    return args
 
 
 def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
@@ -174,6 +198,11 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
     elif fault == "early_exit":
         print(f"rank {rank}: leaving early at step {step}", flush=True)
         sys.exit(args.exit_code)
+    elif fault == "crash":
+        read_shard(7)
+    elif fault == "killed":
+        announce("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
     elif fault == "subgroup" and rank == 0:
         dist.all_reduce(torch.ones(1), group=subgroup)
     elif fault == "subgroup" and rank == 1:
@@ -183,9 +212,31 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
         load_shard()
 
 
-def main(argv: list[str]) -> int:
+def join(rank: int, world_size: int, init_method: str | None) -> None:
+    """init_process_group. torch 2.13's torchrun hands every attempt it restarts the same
+    store, which still holds the keys the previous attempt's ranks wrote: a restarted gloo rank
+    may read a dead peer's address ("Gloo connectFullMesh failed"). A prefix per attempt keeps
+    the attempts apart."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt and rank < 0:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                init_method=init_method)
+
+
+def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str | None = None
+         ) -> int:
+    """Train as the rank torchrun's environment names, or as `rank` of `world_size`."""
     args = parse_args(argv)
-    dist.init_process_group("gloo")
+    if args.fault == "init_stall" and args.fault_rank == (
+            rank if rank >= 0 else int(os.environ["RANK"])):
+        prepare_dataset()
+    join(rank, world_size, init_method)
     rank, world = dist.get_rank(), dist.get_world_size()
     write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=False)
     subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None

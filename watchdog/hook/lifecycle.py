@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
 from watchdog.beacon import EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
-from watchdog.env import HOOK_PID, beacon_dir, int_env, job_id, short_hostname
+from watchdog.env import ATTEMPT, HOOK_PID, beacon_dir, int_env, job_id, short_hostname
+from watchdog.hook.exit_reason import describe
 from watchdog.hook.post_import import after_import
 from watchdog.hook.recorder import Recorder
 
@@ -32,80 +33,115 @@ class SysExit(Protocol):
     def __call__(self, status: str | int | None = None, /) -> NoReturn: ...
 
 
-_recorder: Recorder | None = None  # this process's, once installed
+_recorder: Recorder | None = None  # this process's, once installed: armed or recording
 
 
 def install() -> bool:
-    """Start recording this rank's progress into its beacon; True when the hook is active.
+    """Make this process report to the watchdog; True when it records as a rank from now on.
 
-    Needs RANK and WORLD_SIZE in the environment (torchrun sets them): anywhere else it records
-    nothing and returns False, as it does in a process started by another hooked process (a
-    spawned DataLoader worker inherits WATCHDOG_HOOK_PID naming its rank). Install before
-    `from torch.distributed import ...` copies what the hook patches: `watchdog run` and
-    `watchdog launch` install it before any user code runs. Idempotent; never raises.
+    With RANK and WORLD_SIZE in the environment (torchrun sets them) it records at once.
+    Without them (a process `torch.multiprocessing.spawn` starts, or any other) it is *armed*:
+    it records nothing until it calls init_process_group with its rank and world size (env://,
+    tcp:// or file://), then records as that rank. A process started by a recording rank (a
+    DataLoader worker, a subprocess: it inherits WATCHDOG_HOOK_PID naming its rank) does
+    neither. Install before `from torch.distributed import ...` copies what the hook patches:
+    `watchdog run` and `watchdog launch` install it before any user code runs. Idempotent;
+    never raises.
     """
     global _recorder
     pid = os.getpid()
-    if _recorder is not None and _recorder.pid == pid:
-        return _recorder.enabled
+    if _recorder is not None and (_recorder.pid == pid or _recorder.writer is None):
+        return _recorder.enabled  # installed here, or armed by the process it forked from
     env = os.environ
-    if "RANK" not in env or "WORLD_SIZE" not in env or (env.get(HOOK_PID) or str(pid)) != str(pid):
+    if (env.get(HOOK_PID) or str(pid)) != str(pid):
         return False
+    recorder = Recorder()
     try:
-        _recorder = _start(env, pid)
+        if "RANK" in env and "WORLD_SIZE" in env:
+            _start(recorder, _identity(env, int(env["RANK"]), int(env["WORLD_SIZE"]), pid))
+        os.register_at_fork(after_in_child=_disable_in_child)
+        # Imported here: only a rank, or a process that may become one, needs its patches (the
+        # daemons import this package too).
+        from watchdog.hook.torch_patches import TorchPatches
+
+        patches = TorchPatches(recorder, functools.partial(_become_rank, recorder))
+        after_import(patches.post_import_hooks(), recorder.fail)
     except Exception as e:
         print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
         return False
-    return True
+    _recorder = recorder
+    return recorder.enabled
 
 
-def _start(env: Mapping[str, str], pid: int) -> Recorder:
-    rank = int(env["RANK"])
-    identity = Identity(job_id(env), rank, int_env(env, "LOCAL_RANK", -1), int(env["WORLD_SIZE"]),
-                        short_hostname(), pid, time.time())
-    directory = beacon_dir(env)
+def _identity(env: Mapping[str, str], rank: int, world_size: int, pid: int) -> Identity:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not one of a world of {world_size} (RANK must be "
+                         "below WORLD_SIZE)")
+    return Identity(job_id(env), rank, int_env(env, "LOCAL_RANK", -1), world_size,
+                    short_hostname(), pid, time.time(), attempt=int_env(env, ATTEMPT, 0))
+
+
+def _start(recorder: Recorder, identity: Identity) -> None:
+    """Create the rank's beacon and record into it from now on."""
+    directory = beacon_dir(os.environ)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity)
-    recorder = Recorder(writer, identity)
+    path = beacon_path(directory, identity.job_id, identity.rank, identity.pid)
+    recorder.start(BeaconWriter(path, identity), identity)
     recorder.publish()
-    os.environ[HOOK_PID] = str(pid)
-    os.register_at_fork(after_in_child=_disable_in_child)
+    os.environ[HOOK_PID] = str(identity.pid)
     atexit.register(recorder.mark_shutdown)
     sys.excepthook = _marking_excepthook(recorder, sys.excepthook)
     sys.exit = _noting_exit(recorder, sys.exit)
     threading.Thread(target=_publish_forever, args=(recorder,), name=PUBLISHER_THREAD,
                      daemon=True).start()
-    # Imported here: only a rank that installs the hook needs its patches (the daemons import
-    # this package too).
-    from watchdog.hook.torch_patches import TorchPatches
 
-    after_import(TorchPatches(recorder).post_import_hooks(), recorder.fail)
-    return recorder
+
+def _become_rank(recorder: Recorder, rank: int, world_size: int) -> None:
+    """An armed process calls init_process_group as `rank` of `world_size`: record from now on.
+    Where that cannot be done it says why once, and the process runs on unrecorded."""
+    if recorder.writer is not None or recorder.failed:
+        return
+    try:
+        _start(recorder, _identity(os.environ, rank, world_size, os.getpid()))
+    except Exception as e:
+        recorder.failed = True
+        print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
 
 
 def _disable_in_child() -> None:
-    """A forked child (a DataLoader worker) shares the rank's beacon mapping: it must not write."""
-    if _recorder is not None:
+    """A forked child (a DataLoader worker) shares the rank's beacon mapping: it must not write.
+    The child of an armed process stays armed: `start_processes(..., start_method="fork")`
+    forks the ranks."""
+    if _recorder is not None and _recorder.writer is not None:
         _recorder.enabled = False
 
 
 def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
     def excepthook(kind: type[BaseException], error: BaseException,
                    traceback: TracebackType | None) -> Any:
-        recorder.mark_exit(EXIT_EXCEPTION, 1)
+        with contextlib.suppress(Exception):
+            recorder.note_exit(1)
+            recorder.mark_exit(EXIT_EXCEPTION, 1, describe(error))
         return previous(kind, error, traceback)
 
     return excepthook
 
 
 def _noting_exit(recorder: Recorder, original: SysExit) -> SysExit:
-    """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3.
-    A call from another thread only ends that thread; `raise SystemExit(3)` goes unnoticed."""
+    """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3, and
+    when: the exit is timed at the call. Asked for with an exception in hand, as a launcher's
+    wrapper does after catching what the rank raised (torch.multiprocessing.spawn's), a code
+    other than 0 records that exception. A call from another thread only ends that thread;
+    `raise SystemExit(3)` goes unnoticed."""
     @functools.wraps(original)
     def exit(status: str | int | None = None, /) -> NoReturn:
         with contextlib.suppress(Exception):
             if threading.current_thread() is threading.main_thread():
-                recorder.exit_code = _exit_code(status)
+                code = _exit_code(status)
+                recorder.note_exit(code)
+                handling = sys.exc_info()[1]
+                if code != 0 and handling is not None:
+                    recorder.mark_exit(EXIT_EXCEPTION, code, describe(handling))
         original(status)
 
     return exit

@@ -9,6 +9,10 @@ all-reduce) and an async one stay pending until this rank's next event, because 
 Python sees them finish. No method raises: a fault in recording disables it and removes the
 beacon, so the agent falls back to treating the rank as one without a hook instead of reading a
 beacon that silently stopped.
+
+A process that is not a rank yet (launched without RANK, as `torch.multiprocessing.spawn` starts
+them) holds an *armed* recorder: no beacon, recording nothing, until `start` gives it one when
+the process calls init_process_group with its rank.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import time
 from watchdog.beacon import (
     EXIT_CLEAN,
     MAX_GROUPS,
+    NO_SETUP,
     NOT_ENTERED,
     UNTIMED,
     BeaconWriter,
     Entered,
     Identity,
+    RaisedException,
+    Setup,
 )
 from watchdog.hook.pace import PaceTracker
 
@@ -34,7 +41,8 @@ NO_PHASE = ("", 0.0, 0.0)
 
 
 class Recorder:
-    """The single recorder of one rank; `enabled` is False in forked children and after a fault."""
+    """The single recorder of one rank; `enabled` is False while armed, in forked children and
+    after a fault."""
 
     # Its attributes are read several times per training step: slots make each read one load.
     __slots__ = (
@@ -46,6 +54,7 @@ class Recorder:
         "_phase",
         "_steps",
         "enabled",
+        "exit_at",
         "exit_code",
         "exited",
         "failed",
@@ -54,14 +63,17 @@ class Recorder:
         "writer",
     )
 
-    def __init__(self, writer: BeaconWriter, identity: Identity) -> None:
+    def __init__(self, writer: BeaconWriter | None = None, identity: Identity | None = None
+                 ) -> None:
+        """A recorder writing to `writer`, or an armed one (neither given) until `start`."""
         self.writer = writer
         self.identity = identity
-        self.pid = identity.pid
-        self.enabled = True
+        self.pid = identity.pid if identity is not None else os.getpid()
+        self.enabled = writer is not None
         self.failed = False
         self.exited = False
         self.exit_code = 0  # what the main thread asked sys.exit for: atexit is not told
+        self.exit_at = 0.0  # when it asked: atexit runs after torch's own exit handlers
         # Indexed by beacon slot; each item is replaced whole, so the publisher reads it whole.
         self._entered: list[Entered] = [NOT_ENTERED] * MAX_GROUPS
         # slot -> seq of the last collective completed; and (slot, seq) of the one collective
@@ -73,6 +85,11 @@ class Recorder:
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
 
+    def start(self, writer: BeaconWriter, identity: Identity) -> None:
+        """Begin recording an armed process as the rank `identity` names."""
+        self.writer, self.identity, self.pid = writer, identity, identity.pid
+        self.enabled = True
+
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
         if self.failed:
@@ -81,8 +98,9 @@ class Recorder:
         self.failed = True
         print(f"torch-hang-watchdog: hook disabled after an internal error: {error!r}",
               file=sys.stderr)
-        with contextlib.suppress(OSError):
-            os.unlink(self.writer.path)
+        if self.writer is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.writer.path)
 
     # enter() and optimizer_stepped() run in every training step, right after the rank waited
     # in a collective: with cold caches each Python call costs about a microsecond there, so
@@ -144,7 +162,8 @@ class Recorder:
 
     def publish(self) -> None:
         """Copy the progress recorded so far into the beacon, with a fresh liveness stamp."""
-        if not self.enabled:
+        writer = self.writer
+        if not self.enabled or writer is None:
             return
         try:
             # completed is copied first: a copy of entered taken after it is never behind it
@@ -152,17 +171,19 @@ class Recorder:
             entered = self._entered[:]
             steps = self._steps
             now = time.time()
-            events = steps + sum(seq for seq, _, _ in entered) + sum(completed.values())
+            # the beacon's event count (BeaconSnapshot.events), groups joined included
+            events = (steps + writer.n_groups + sum(seq for seq, _, _ in entered)
+                      + sum(completed.values()))
             pace = self._pace.observe(events, steps, now)
-            self.writer.publish(steps, entered, completed, now, pace)
-            self.writer.heartbeat(now)
+            writer.publish(steps, entered, completed, now, pace)
+            writer.heartbeat(now)
         except Exception as e:
             self.fail(e)
 
     def set_phase(self, phase: tuple[str, float, float]) -> tuple[str, float, float]:
         """Declare (name, started, timeout) as the current phase; returns the one it replaces."""
         previous = self._phase
-        if not self.enabled:
+        if not self.enabled or self.writer is None:
             return previous
         try:
             self.writer.set_phase(*phase)
@@ -171,27 +192,45 @@ class Recorder:
             self.fail(e)
         return previous
 
+    def set_setup(self, setup: Setup = NO_SETUP) -> None:
+        """Declare the process-group set-up call this rank waits in (NO_SETUP: none now)."""
+        if self.enabled and self.writer is not None:
+            try:
+                self.writer.set_setup(setup)
+            except Exception as e:
+                self.fail(e)
+
     def set_rank(self, rank: int, world_size: int) -> None:
         """Adopt the rank and world size torch.distributed settled on."""
-        if (rank, world_size) == (self.identity.rank, self.identity.world_size):
+        identity, writer = self.identity, self.writer
+        if identity is None or writer is None or (rank, world_size) == (
+                identity.rank, identity.world_size):
             return
         try:
-            self.identity = dataclasses.replace(self.identity, rank=rank, world_size=world_size)
-            self.writer.write_identity(self.identity)
+            self.identity = dataclasses.replace(identity, rank=rank, world_size=world_size)
+            writer.write_identity(self.identity)
         except Exception as e:
             self.fail(e)
+
+    def note_exit(self, code: int) -> None:
+        """sys.exit(code) was called in the main thread: the exit is timed now, not at atexit,
+        which runs after torch's own exit handlers have already dropped the peers' connections.
+        A later call replaces both."""
+        self.exit_code, self.exit_at = code, time.time()
 
     def mark_shutdown(self) -> None:
         """Record the interpreter's orderly exit (atexit), with the code sys.exit asked for."""
         self.mark_exit(EXIT_CLEAN, self.exit_code)
 
-    def mark_exit(self, state: int, code: int) -> None:
-        """Record how the process ended; only the first call counts (excepthook, then atexit)."""
-        if not self.enabled or self.exited or os.getpid() != self.pid:
+    def mark_exit(self, state: int, code: int, raised: RaisedException | None = None) -> None:
+        """Record how the process ended; only the first call counts (excepthook or sys.exit
+        with an exception in hand, then atexit)."""
+        writer = self.writer
+        if not self.enabled or writer is None or self.exited or os.getpid() != self.pid:
             return
         self.exited = True
         self.publish()
         try:
-            self.writer.mark_exit(state, code, time.time())
+            writer.mark_exit(state, code, self.exit_at or time.time(), raised)
         except Exception as e:
             self.fail(e)

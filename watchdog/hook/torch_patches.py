@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import time
+import urllib.parse
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
+from watchdog.beacon import Setup
 from watchdog.hook.recorder import Recorder
 
 COLLECTIVES = (
@@ -39,15 +42,20 @@ SHUTDOWN_GRACE_S = 60.0
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
 
 
+BecomeRank = Callable[[int, int], None]  # an armed process's rank and world size, at init
+
+
 class TorchPatches:
     """The patches of one hooked process, and the process group -> beacon slot cache they share.
 
     A slot cache key is the group argument as passed (None for the default group); a
     point-to-point key also holds the peer. Keys hold their groups alive, hence the bound.
+    `become_rank` starts an armed recorder once init_process_group tells the rank.
     """
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, become_rank: BecomeRank | None = None) -> None:
         self._rec = recorder
+        self._become_rank = become_rank
         self._dist: Any = None
         self._slots: dict[object, int] = {}
         # The async work handles this rank has not waited for yet -> the (slot, seq)s they end.
@@ -79,8 +87,8 @@ class TorchPatches:
 
     def _register(self, key: object, group: object,
                   peer: tuple[int | None, int | None] | None) -> int:
-        dist = self._dist
-        if dist is None or not dist.is_initialized():
+        dist, writer, identity = self._dist, self._rec.writer, self._rec.identity
+        if dist is None or writer is None or identity is None or not dist.is_initialized():
             return -1  # torch raises its own error for this call; try again on the next
         try:
             slot = -1
@@ -91,7 +99,7 @@ class TorchPatches:
                     other = peer[0] if peer[0] is not None else dist.get_global_rank(pg, peer[1])
                     ranks = tuple(sorted((dist.get_rank(), other)))
                     name = f"{name}:p2p:{ranks[0]}-{ranks[1]}"
-                slot = self._rec.writer.group_slot(name, ranks, self._rec.identity.world_size)
+                slot = writer.group_slot(name, ranks, identity.world_size)
         except Exception as e:
             self._rec.fail(e)
             return -1
@@ -118,21 +126,44 @@ class TorchPatches:
             self._replace(dist, c10d, "batch_isend_irecv",
                           self._p2p_batch(c10d.batch_isend_irecv, c10d))
         self._patch_work_wait(getattr(c10d, "Work", None))
-        self._replace(dist, c10d, "init_process_group", self._after(c10d.init_process_group,
-                                                                    self._on_init))
-        self._replace(dist, c10d, "new_group", self._after(c10d.new_group, self.slot))
+        self._replace(dist, c10d, "init_process_group", self._init(c10d.init_process_group))
+        self._replace(dist, c10d, "new_group", self._setting_up(c10d.new_group, self.slot))
         self._replace(dist, c10d, "destroy_process_group",
                       self._shutting_down(c10d.destroy_process_group))
         if dist.is_initialized():  # installed by hand, after init_process_group
-            self._on_init(None)
+            self._joined(None)
 
     @staticmethod
     def _replace(dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:
         setattr(c10d, name, wrapper)
         setattr(dist, name, wrapper)
 
-    def _on_init(self, _result: object) -> None:
-        self._rec.set_rank(self._dist.get_rank(), self._dist.get_world_size())
+    def _init(self, original: Callable[..., Any]) -> Any:
+        """init_process_group: an armed process becomes the rank it names (its arguments, the
+        init method's query, or the environment), before it waits for its peers; the wait
+        shows in the beacon as a set-up call, with where the peers meet."""
+        rec, signature = self._rec, inspect.signature(original)
+
+        def entering(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Setup | None:
+            try:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                return None  # torch raises its own error for these arguments
+            rank, world_size = _rank_and_world(bound, os.environ)
+            if rec.writer is None and self._become_rank is not None and rank >= 0:
+                self._become_rank(rank, world_size)
+            return Setup("init_process_group", time.time(), _rendezvous(bound, os.environ))
+
+        return self._setting_up(original, self._joined, entering)
+
+    def _joined(self, _result: object) -> None:
+        """The process group is up: a rank whose rank its arguments did not tell starts now."""
+        dist = self._dist
+        if self._rec.writer is None and self._become_rank is not None:
+            self._become_rank(dist.get_rank(), dist.get_world_size())
+        if not self._rec.enabled:
+            return
+        self._rec.set_rank(dist.get_rank(), dist.get_world_size())
         self._slots.clear()
         self.slot(None)  # the world group shows in the beacon, at seq 0, before any collective
 
@@ -148,13 +179,32 @@ class TorchPatches:
 
         return wrapper
 
-    def _after(self, original: Callable[..., Any], then: Callable[[Any], object]) -> Any:
+    def _setting_up(self, original: Callable[..., Any], then: Callable[[Any], object],
+                    entering: Callable[[tuple[Any, ...], dict[str, Any]], Setup | None]
+                    | None = None) -> Any:
+        """A call that sets a process group up (init_process_group, new_group), which waits
+        for every member: declared in the beacon while it runs; `then` gets its result."""
         rec = self._rec
+        name = original.__name__
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            if rec.enabled:
+            declared = False
+            if not rec.failed:
+                try:
+                    setup = entering(args, kwargs) if entering else Setup(name, time.time())
+                    if setup is not None and rec.enabled:
+                        rec.set_setup(setup)
+                        declared = True
+                except Exception as e:
+                    rec.fail(e)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                if declared:
+                    rec.set_setup()
+            # an armed process may start at `then`; a forked child of a rank never records
+            if not rec.failed and (rec.enabled or rec.writer is None):
                 try:
                     then(result)
                 except Exception as e:
@@ -333,3 +383,37 @@ class TorchPatches:
 
     def patch_optimizer(self, module: ModuleType) -> None:
         module.register_optimizer_step_post_hook(self._rec.optimizer_stepped)
+
+
+def _int(value: object) -> int:
+    """`value` as a whole number (a numpy integer or a numeric string too), else -1."""
+    try:
+        return int(str(value))
+    except Exception:
+        return -1
+
+
+def _rank_and_world(arguments: Mapping[str, Any], env: Mapping[str, str]) -> tuple[int, int]:
+    """The rank and world size init_process_group was given: its arguments, else the query of
+    a tcp:// or file:// init method (`?rank=0&world_size=2`), else RANK and WORLD_SIZE (env://);
+    -1 for what none of them says."""
+    rank, world = _int(arguments.get("rank", -1)), _int(arguments.get("world_size", -1))
+    method = arguments.get("init_method")
+    if isinstance(method, str) and "?" in method:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(method).query)
+        rank = rank if rank >= 0 else _int(query.get("rank", [-1])[0])
+        world = world if world >= 0 else _int(query.get("world_size", [-1])[0])
+    rank = rank if rank >= 0 else _int(env.get("RANK"))
+    world = world if world >= 0 else _int(env.get("WORLD_SIZE"))
+    return (rank, world) if rank >= 0 and world > 0 else (-1, -1)
+
+
+def _rendezvous(arguments: Mapping[str, Any], env: Mapping[str, str]) -> str:
+    """Where the members meet: the init method without its query, env:// with the address it
+    reads, or a store given by the program."""
+    if arguments.get("store") is not None:
+        return "a store the program created"
+    method = arguments.get("init_method")
+    if isinstance(method, str) and method and not method.startswith("env://"):
+        return method.split("?", 1)[0]
+    return f"env://{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"

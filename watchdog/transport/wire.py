@@ -7,11 +7,14 @@ never reaches the rest of the code.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     NO_ACTIVITY,
     Activity,
+    ExitReason,
     Frame,
     GroupProgress,
     NodeReport,
@@ -28,6 +31,9 @@ MAX_RANK = 1 << 20
 MAX_FRAMES = 512
 MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
+MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
+MAX_ATTEMPT = 1 << 20
+_SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
 
 
 def _text(value: str, what: str) -> str:
@@ -95,6 +101,31 @@ def activity_from_pb(m: pb.Activity) -> Activity:
     return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu)
 
 
+def _frames_to_pb(frames: tuple[Frame, ...]) -> list[pb.Frame]:
+    return [pb.Frame(function=f.function, file=f.file, line=f.line) for f in frames]
+
+
+def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]:
+    if len(frames) > limit:
+        raise MessageRejectedError(f"{len(frames)} frames (at most {limit})")
+    return tuple(Frame(_text(f.function, "function"), _text(f.file, "file"), f.line)
+                 for f in frames)
+
+
+def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
+    return pb.ExitReason(exception=e.exception, message=e.message,
+                         frames=_frames_to_pb(e.frames), signal=e.signal,
+                         oom_killed=e.oom_killed)
+
+
+def exit_reason_from_pb(m: pb.ExitReason) -> ExitReason:
+    _check_texts(m.exception, m.message)
+    if not _SIGNAL.fullmatch(m.signal):
+        raise MessageRejectedError(f"{m.signal[:40]!r} is not a signal name")
+    return ExitReason(m.exception, m.message, _frames_from_pb(m.frames, MAX_REASON_FRAMES),
+                      m.signal, m.oom_killed)
+
+
 def rank_to_pb(r: RankState) -> pb.RankState:
     m = pb.RankState(
         job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
@@ -102,7 +133,11 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         events=r.events, last_event_at=r.last_event_at,
         groups=[group_to_pb(g) for g in r.groups], phase=r.phase, phase_age=r.phase_age,
         phase_timeout=r.phase_timeout, clean_exit=r.clean_exit, gap_p99=r.gap_p99,
-        gaps=r.gaps)
+        gaps=r.gaps, attempt=r.attempt, setup=r.setup, rendezvous=r.rendezvous)
+    if r.exit_reason is not None:
+        m.exit_reason.CopyFrom(exit_reason_to_pb(r.exit_reason))
+    if r.setup_age is not None:
+        m.setup_age = r.setup_age
     if r.heartbeat_age is not None:
         m.heartbeat_age = r.heartbeat_age
     if r.exited_at is not None:
@@ -124,13 +159,16 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     if not 0 < world <= MAX_RANK or not 0 <= rank < world or not -1 <= local_rank < MAX_RANK:
         raise MessageRejectedError(f"rank {rank} (local {local_rank}) of world size {world} "
                                    "is impossible")
-    _check_texts(job_id, host, proc_state, phase)
+    _check_texts(job_id, host, proc_state, phase, m.setup, m.rendezvous)
+    if m.attempt >= MAX_ATTEMPT:
+        raise MessageRejectedError(f"attempt {m.attempt} is out of range")
+    setup_age = m.setup_age if m.HasField("setup_age") else None
     heartbeat_age = m.heartbeat_age if m.HasField("heartbeat_age") else None
     exited_at = m.exited_at if m.HasField("exited_at") else None
     progress_age = m.progress_age if m.HasField("progress_age") else None
     last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
     _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
-                 + (exited_at or 0.0) + (progress_age or 0.0) + m.gap_p99)
+                 + (exited_at or 0.0) + (progress_age or 0.0) + m.gap_p99 + (setup_age or 0.0))
     return RankState(
         job_id=job_id, rank=rank, local_rank=local_rank, world_size=world, host=host, pid=m.pid,
         hooked=m.hooked, proc_state=proc_state, heartbeat_age=heartbeat_age, steps=m.steps,
@@ -139,7 +177,9 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         phase_timeout=phase_timeout, exited_at=exited_at,
         exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit,
         progress_age=progress_age, gap_p99=m.gap_p99, gaps=m.gaps,
-        activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY)
+        activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
+        exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
+        attempt=m.attempt, setup=m.setup, setup_age=setup_age, rendezvous=m.rendezvous)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:
@@ -151,19 +191,16 @@ def stacks_to_pb(reply: StackReply) -> pb.AgentMessage:
     return pb.AgentMessage(stacks=pb.StackReply(
         request_id=reply.request_id, node=reply.node,
         stacks=[pb.RankStack(rank=s.rank, pid=s.pid, error=s.error, was_stopped=s.was_stopped,
-                             frames=[pb.Frame(function=f.function, file=f.file, line=f.line)
-                                     for f in s.frames], nccl_log=s.nccl_log,
+                             frames=_frames_to_pb(s.frames), nccl_log=s.nccl_log,
                              worker_log=s.worker_log, samples=s.samples, moved=s.moved)
                 for s in reply.stacks]))
 
 
 def _stack_from_pb(m: pb.RankStack) -> RankStack:
     logs = len(m.nccl_log) + len(m.worker_log)
-    if len(m.frames) > MAX_FRAMES or logs > MAX_LOG_LINES:
-        raise MessageRejectedError(f"stack of {len(m.frames)} frames and {logs} log lines (at "
-                                   f"most {MAX_FRAMES} and {MAX_LOG_LINES})")
-    frames = tuple(Frame(_text(f.function, "function"), _text(f.file, "file"), f.line)
-                   for f in m.frames)
+    if logs > MAX_LOG_LINES:
+        raise MessageRejectedError(f"stack with {logs} log lines (at most {MAX_LOG_LINES})")
+    frames = _frames_from_pb(m.frames, MAX_FRAMES)
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
                      nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),

@@ -82,6 +82,11 @@ class RankState(_message.Message):
     GAP_P99_FIELD_NUMBER: _builtins.int
     GAPS_FIELD_NUMBER: _builtins.int
     ACTIVITY_FIELD_NUMBER: _builtins.int
+    EXIT_REASON_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    SETUP_FIELD_NUMBER: _builtins.int
+    SETUP_AGE_FIELD_NUMBER: _builtins.int
+    RENDEZVOUS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     rank: _builtins.int
     local_rank: _builtins.int
@@ -105,10 +110,24 @@ class RankState(_message.Message):
     gap_p99: _builtins.float
     """p99 of the hook's own gaps between progress (from the first optimizer step on), and how many."""
     gaps: _builtins.int
+    attempt: _builtins.int
+    """torchrun's restart count"""
+    setup: _builtins.str
+    """the process-group set-up call it waits in: init_process_group, new_group"""
+    setup_age: _builtins.float
+    """seconds it has waited there, by the agent's clock"""
+    rendezvous: _builtins.str
+    """where the members meet: tcp://HOST:PORT, env://HOST:PORT, file://..."""
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupProgress]: ...
     @_builtins.property
     def activity(self) -> Global___Activity: ...
+    @_builtins.property
+    def exit_reason(self) -> Global___ExitReason:
+        """30-39: start-up and exit (issue 13)
+        once exited, where known
+        """
+
     def __init__(
         self,
         *,
@@ -135,10 +154,15 @@ class RankState(_message.Message):
         gap_p99: _builtins.float = ...,
         gaps: _builtins.int = ...,
         activity: Global___Activity | None = ...,
+        exit_reason: Global___ExitReason | None = ...,
+        attempt: _builtins.int = ...,
+        setup: _builtins.str = ...,
+        setup_age: _builtins.float | None = ...,
+        rendezvous: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "activity", b"activity", "exit_code", b"exit_code", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "activity", b"activity", "clean_exit", b"clean_exit", "events", b"events", "exit_code", b"exit_code", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "events", b"events", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -148,6 +172,8 @@ class RankState(_message.Message):
     _WhichOneofArgType__heartbeat_age: _TypeAlias = _typing.Literal["_heartbeat_age", b"_heartbeat_age"]  # noqa: Y015
     _WhichOneofReturnType__progress_age: _TypeAlias = _typing.Literal["progress_age"]  # noqa: Y015
     _WhichOneofArgType__progress_age: _TypeAlias = _typing.Literal["_progress_age", b"_progress_age"]  # noqa: Y015
+    _WhichOneofReturnType__setup_age: _TypeAlias = _typing.Literal["setup_age"]  # noqa: Y015
+    _WhichOneofArgType__setup_age: _TypeAlias = _typing.Literal["_setup_age", b"_setup_age"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
     @_typing.overload
@@ -156,8 +182,49 @@ class RankState(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__heartbeat_age) -> _WhichOneofReturnType__heartbeat_age | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__progress_age) -> _WhichOneofReturnType__progress_age | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__setup_age) -> _WhichOneofReturnType__setup_age | None: ...
 
 Global___RankState: _TypeAlias = RankState  # noqa: Y015
+
+@_typing.final
+class ExitReason(_message.Message):
+    """Why a rank's process ended: the exception it raised, or the signal that killed it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXCEPTION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FRAMES_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    OOM_KILLED_FIELD_NUMBER: _builtins.int
+    exception: _builtins.str
+    """the exception's type"""
+    message: _builtins.str
+    signal: _builtins.str
+    """e.g. SIGKILL"""
+    oom_killed: _builtins.bool
+    """the kernel's OOM killer sent it"""
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___Frame]:
+        """innermost first"""
+
+    def __init__(
+        self,
+        *,
+        exception: _builtins.str = ...,
+        message: _builtins.str = ...,
+        frames: _abc.Iterable[Global___Frame] | None = ...,
+        signal: _builtins.str = ...,
+        oom_killed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exception", b"exception", "frames", b"frames", "message", b"message", "oom_killed", b"oom_killed", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExitReason: _TypeAlias = ExitReason  # noqa: Y015
 
 @_typing.final
 class Activity(_message.Message):
