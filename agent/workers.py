@@ -19,7 +19,15 @@ from agent.logtail import expand_nccl_debug_file
 from watchdog import beacon
 from watchdog import env as _env
 from watchdog.errors import BeaconError, BeaconNotReadyError
-from watchdog.model import NO_ACTIVITY, Activity, GroupProgress, RankState
+from watchdog.model import (
+    NO_ACTIVITY,
+    NO_EVIDENCE,
+    Activity,
+    CheckEvidence,
+    Fingerprint,
+    GroupProgress,
+    RankState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +252,21 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
         phase_timeout=snap.phase_timeout,
         exit_code=(snap.exit_code if worker.exited_at is not None
                    and snap.exit_state != beacon.EXIT_RUNNING else None),
-        clean_exit=snap.exit_state == beacon.EXIT_CLEAN)
+        clean_exit=snap.exit_state == beacon.EXIT_CLEAN, evidence=check_evidence(snap.checks))
+
+
+def check_evidence(checks: beacon.CheckState) -> CheckEvidence:
+    """What a beacon says of its rank's checks, as a report carries it."""
+    if checks == beacon.NO_CHECKS:
+        return NO_EVIDENCE
+    return CheckEvidence(
+        checks=checks.enabled, taken=checks.taken,
+        fingerprints=tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
+                           for f in checks.fingerprints),
+        unsynced_steps=checks.unsynced_steps, sampler_reuses=checks.sampler_reuses,
+        sampler_reuse_step=checks.sampler_reuse_step, sampler_epoch=checks.sampler_epoch,
+        ddp_change_step=checks.ddp_change_step, ddp_change_module=checks.ddp_change_module,
+        ddp_change_group=checks.ddp_change_group, ddp_change=checks.ddp_change)
 
 
 def _age(now: float, stamp: float) -> float | None:

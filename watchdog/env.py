@@ -15,6 +15,8 @@ BEACON_DIR = "WATCHDOG_BEACON_DIR"
 JOB_ID = "WATCHDOG_JOB_ID"
 AUTOINSTALL = "WATCHDOG_AUTOINSTALL"  # "1": the boot sitecustomize installs the hook
 HOOK_PID = "WATCHDOG_HOOK_PID"  # set by the installed hook: its children are not ranks
+CHECKS = "WATCHDOG_CHECKS"  # the silent-bug checks the hook runs: "-duplicate_data", "none"
+CHECK_EVERY = "WATCHDOG_CHECK_EVERY"  # optimizer steps between checks, after the early ones
 
 DEFAULT_BEACON_DIR = "/dev/shm/torch-hang-watchdog"
 DEFAULT_PORT = 29450  # the coordinator's

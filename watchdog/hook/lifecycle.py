@@ -17,8 +17,17 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
-from watchdog.beacon import EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
-from watchdog.env import HOOK_PID, beacon_dir, int_env, job_id, short_hostname
+from watchdog.beacon import CHECK_NAMES, EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog.env import (
+    CHECK_EVERY,
+    CHECKS,
+    HOOK_PID,
+    beacon_dir,
+    int_env,
+    job_id,
+    short_hostname,
+)
+from watchdog.hook import checks
 from watchdog.hook.post_import import after_import
 from watchdog.hook.recorder import Recorder
 
@@ -66,7 +75,12 @@ def _start(env: Mapping[str, str], pid: int) -> Recorder:
     directory = beacon_dir(env)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity)
-    recorder = Recorder(writer, identity)
+    enabled, unknown = checks.parse_checks(env.get(CHECKS, ""))
+    if unknown:
+        print(f"torch-hang-watchdog: {CHECKS} names no check {', '.join(unknown)} (checks: "
+              f"{', '.join(CHECK_NAMES)})", file=sys.stderr)
+    every = max(1, int_env(env, CHECK_EVERY, checks.CHECK_EVERY))
+    recorder = Recorder(writer, identity, enabled, every)
     recorder.publish()
     os.environ[HOOK_PID] = str(pid)
     os.register_at_fork(after_in_child=_disable_in_child)

@@ -28,6 +28,7 @@ from watchdog.beacon import (
     Entered,
     Identity,
 )
+from watchdog.hook.checks import CHECK_EVERY, Checks
 from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
@@ -45,16 +46,20 @@ class Recorder:
         "_pending",
         "_phase",
         "_steps",
+        "check_at",
+        "checks",
         "enabled",
         "exit_code",
         "exited",
         "failed",
+        "grad_syncs",
         "identity",
         "pid",
         "writer",
     )
 
-    def __init__(self, writer: BeaconWriter, identity: Identity) -> None:
+    def __init__(self, writer: BeaconWriter, identity: Identity,
+                 checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
         self.writer = writer
         self.identity = identity
         self.pid = identity.pid
@@ -72,6 +77,9 @@ class Recorder:
         self._manual_steps = False
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
+        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
+        self.check_at = self.checks.first_check  # the step count at which checks are next due
+        self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
 
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
@@ -134,6 +142,17 @@ class Recorder:
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
+            if self._steps >= self.check_at:
+                self._check()
+
+    def _check(self) -> None:
+        try:
+            self.check_at = self.checks.due(self._steps)
+        except Exception as e:
+            self.fail(e)
+
+    def steps_taken(self) -> int:
+        return self._steps
 
     def step(self) -> None:
         """Count a training step by hand; from now on optimizer steps are not counted."""
@@ -154,7 +173,8 @@ class Recorder:
             now = time.time()
             events = steps + sum(seq for seq, _, _ in entered) + sum(completed.values())
             pace = self._pace.observe(events, steps, now)
-            self.writer.publish(steps, entered, completed, now, pace)
+            checks = self.checks.collect(steps, self.grad_syncs)
+            self.writer.publish(steps, entered, completed, now, pace, checks)
             self.writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

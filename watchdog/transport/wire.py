@@ -11,7 +11,10 @@ import math
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     NO_ACTIVITY,
+    NO_EVIDENCE,
     Activity,
+    CheckEvidence,
+    Fingerprint,
     Frame,
     GroupProgress,
     NodeReport,
@@ -28,6 +31,9 @@ MAX_RANK = 1 << 20
 MAX_FRAMES = 512
 MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
+MAX_FINGERPRINTS = 64
+MAX_CHECKS = 16
+FINGERPRINT_OF = frozenset({"parameters", "batch"})
 
 
 def _text(value: str, what: str) -> str:
@@ -95,6 +101,40 @@ def activity_from_pb(m: pb.Activity) -> Activity:
     return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu)
 
 
+def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
+    m = pb.CheckEvidence(
+        checks=e.checks, taken=e.taken, unsynced_steps=e.unsynced_steps,
+        fingerprints=[pb.Fingerprint(of=f.of, group=f.group, module=f.module, step=f.step,
+                                     digest=f.digest) for f in e.fingerprints])
+    if e.sampler_reuses:
+        m.sampler_reuse.CopyFrom(pb.SamplerReuse(count=e.sampler_reuses,
+                                                 first_step=e.sampler_reuse_step,
+                                                 epoch=e.sampler_epoch))
+    if e.ddp_change_step:
+        m.ddp_module_change.CopyFrom(pb.DdpModuleChange(
+            step=e.ddp_change_step, module=e.ddp_change_module, group=e.ddp_change_group,
+            change=e.ddp_change))
+    return m
+
+
+def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
+    if len(m.fingerprints) > MAX_FINGERPRINTS or len(m.checks) > MAX_CHECKS:
+        raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints and {len(m.checks)} "
+                                   f"checks (at most {MAX_FINGERPRINTS} and {MAX_CHECKS})")
+    prints = tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
+                   for f in m.fingerprints)
+    reuse, change = m.sampler_reuse, m.ddp_module_change
+    _check_texts("", *m.checks, *(f.group for f in prints), change.group, change.change)
+    if any(f.of not in FINGERPRINT_OF for f in prints):
+        raise MessageRejectedError("a fingerprint of something unknown")
+    return CheckEvidence(
+        checks=tuple(m.checks), taken=m.taken, fingerprints=prints,
+        unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
+        sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
+        ddp_change_step=change.step, ddp_change_module=change.module,
+        ddp_change_group=change.group, ddp_change=change.change)
+
+
 def rank_to_pb(r: RankState) -> pb.RankState:
     m = pb.RankState(
         job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
@@ -113,6 +153,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.progress_age = r.progress_age
     if r.activity.window:
         m.activity.CopyFrom(activity_to_pb(r.activity))
+    if r.evidence is not NO_EVIDENCE:
+        m.evidence.CopyFrom(evidence_to_pb(r.evidence))
     return m
 
 
@@ -139,7 +181,8 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         phase_timeout=phase_timeout, exited_at=exited_at,
         exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit,
         progress_age=progress_age, gap_p99=m.gap_p99, gaps=m.gaps,
-        activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY)
+        activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
+        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:
