@@ -46,12 +46,13 @@ def watch(tmp_path: Path) -> Any:
 
     def run(*train_args: str, nproc: int = 4, watchdog_args: tuple[str, ...] = (
             "--stall-timeout", "3", "--on-hang", "kill"),
-            launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT) -> WatchedRun:
+            launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT,
+            env: dict[str, str] | None = None) -> WatchedRun:
         report = tmp_path / "incident.json"
         cmd = [*WATCHDOG, "run", *watchdog_args, "--report", str(report),
                "--", *torchrun_command(nproc, *train_args, launcher=launcher, script=script)]
-        proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True,
-                              timeout=JOB_TIMEOUT_S)
+        proc = subprocess.run(cmd, env={**job_env(tmp_path), **(env or {})},
+                              capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
         incident = json.loads(report.read_text()) if report.exists() else None
         return WatchedRun(proc.returncode, proc.stdout + proc.stderr, incident)
 
