@@ -35,6 +35,9 @@ STALE_BEACON_S = 60.0  # a beacon whose process died this long ago belongs to an
 EXITED_RETENTION_S = 300.0  # keep reporting an exited worker this long, then forget it
 UNHOOKED_SCAN_S = 2.0
 NOT_READY_S = 5.0
+# Reports that carry a rank's fingerprints after it took a new one: a few, in case one is shed
+# on the way; every report would double the coordinator's cost of decoding a rank's state.
+FINGERPRINT_REPORTS = 5
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Worker:
     snapshot: beacon.BeaconSnapshot | None = None
     exited_at: float | None = None
     window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
+    fingerprints_taken: int = 0  # how many the beacon said its rank had taken, last report
+    fingerprint_reports: int = 0  # reports that still carry them
 
     @property
     def alive(self) -> bool:
@@ -252,17 +257,30 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
         phase_timeout=snap.phase_timeout,
         exit_code=(snap.exit_code if worker.exited_at is not None
                    and snap.exit_state != beacon.EXIT_RUNNING else None),
-        clean_exit=snap.exit_state == beacon.EXIT_CLEAN, evidence=check_evidence(snap.checks))
+        clean_exit=snap.exit_state == beacon.EXIT_CLEAN,
+        evidence=check_evidence(snap.checks, _new_fingerprints(worker, snap.checks)))
 
 
-def check_evidence(checks: beacon.CheckState) -> CheckEvidence:
-    """What a beacon says of its rank's checks, as a report carries it."""
+def _new_fingerprints(worker: Worker, checks: beacon.CheckState) -> bool:
+    """Whether this report carries the worker's fingerprints: one of the next few after its
+    rank took one."""
+    if checks.taken != worker.fingerprints_taken:
+        worker.fingerprints_taken, worker.fingerprint_reports = checks.taken, FINGERPRINT_REPORTS
+    if worker.fingerprint_reports <= 0:
+        return False
+    worker.fingerprint_reports -= 1
+    return True
+
+
+def check_evidence(checks: beacon.CheckState, fingerprints: bool = True) -> CheckEvidence:
+    """What a beacon says of its rank's checks, as a report carries it (with its fingerprints
+    or without)."""
     if checks == beacon.NO_CHECKS:
         return NO_EVIDENCE
     return CheckEvidence(
-        checks=checks.enabled, taken=checks.taken,
+        checks=checks.enabled,
         fingerprints=tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
-                           for f in checks.fingerprints),
+                           for f in checks.fingerprints) if fingerprints else (),
         unsynced_steps=checks.unsynced_steps, sampler_reuses=checks.sampler_reuses,
         sampler_reuse_step=checks.sampler_reuse_step, sampler_epoch=checks.sampler_epoch,
         ddp_change_step=checks.ddp_change_step, ddp_change_module=checks.ddp_change_module,

@@ -57,8 +57,10 @@ class Severity(_Text):
     WARNING = "warning"  # the job runs, but something is silently wrong
 
 
-FINDINGS = frozenset({Kind.REPLICA_DESYNC, Kind.NO_GRAD_SYNC, Kind.DUPLICATE_DATA,
-                      Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED})
+# The findings, in the order of the hook's checks (beacon.CHECK_NAMES; bits of a mask on the wire).
+CHECK_KINDS = (Kind.REPLICA_DESYNC, Kind.NO_GRAD_SYNC, Kind.DUPLICATE_DATA,
+               Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED)
+FINDINGS = frozenset(CHECK_KINDS)
 
 
 class JobState(_Text):
@@ -136,8 +138,7 @@ class CheckEvidence:
     """What a rank's silent-bug checks gathered; the coordinator's findings compare ranks."""
 
     checks: tuple[str, ...] = ()  # the checks the rank's hook runs (Kind.check names)
-    taken: int = 0  # fingerprints taken so far: unchanged means nothing new to compare
-    fingerprints: tuple[Fingerprint, ...] = ()
+    fingerprints: tuple[Fingerprint, ...] = ()  # the latest, while new: sent a few times
     unsynced_steps: int = 0  # optimizer steps since a gradient collective was last seen
     sampler_reuses: int = 0  # shuffling DistributedSampler iterations that repeated an epoch
     sampler_reuse_step: int = 0  # the step of the first, and its epoch

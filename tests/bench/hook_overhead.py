@@ -8,7 +8,9 @@
     same machine state. (On two cores, blocks of 50 steps each way gave ratios from 0.97 to 1.04
     from run to run, and strict alternation was biased: even steps ran slower than odd ones.)
     Wall-clock time includes waiting for the peer; the main thread's CPU time, which the hook
-    adds to, does not.
+    adds to, does not. The silent-bug checks run as a user gets them (every check, at the default
+    K; `WATCHDOG_CHECKS=none python tests/bench/hook_overhead.py` runs without them): they work
+    only every K steps, so the mean per step says what they cost, and the median does not.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from watchdog import env as _env  # noqa: E402
 from watchdog.beacon import BeaconWriter, Identity  # noqa: E402
 from watchdog.cli.demo import free_port  # noqa: E402
 from watchdog.cli.inject import BOOT_DIR  # noqa: E402
+from watchdog.hook.checks import CHECK_EVERY  # noqa: E402
 from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
 from watchdog.hook.recorder import Recorder  # noqa: E402
 from watchdog.hook.torch_patches import TorchPatches  # noqa: E402
@@ -158,9 +162,11 @@ def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
                        / statistics.median(rng.choices(unhooked, k=len(unhooked)))
                        for _ in range(BOOTSTRAP))
     low, high = resampled[BOOTSTRAP // 20], resampled[-BOOTSTRAP // 20]
+    mean_on, mean_off = statistics.fmean(hooked), statistics.fmean(unhooked)
     print(f"(b) {label}: median {on * 1e3:.3f} ms hooked, {off * 1e3:.3f} ms unhooked "
           f"({(on - off) * 1e6:+.1f} us), ratio {on / off:.4f} (90% interval {low:.4f}-"
-          f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f})")
+          f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f}); mean "
+          f"{mean_on * 1e3:.3f} vs {mean_off * 1e3:.3f} ms ({(mean_on - mean_off) * 1e6:+.1f} us)")
 
 
 def step_costs(width: int) -> None:
@@ -175,8 +181,10 @@ def step_costs(width: int) -> None:
         if run.returncode != 0:
             sys.exit(f"the step-time job failed ({run.returncode}):\n{run.stderr[-3000:]}")
         times = json.loads(Path(out).read_text())
+    checks = os.environ.get(_env.CHECKS) or "all"
+    every = os.environ.get(_env.CHECK_EVERY) or CHECK_EVERY
     print(f"(b) DDP step of rank 0, 2 ranks gloo, MLP {width} wide, {STEPS[width]} steps each "
-          "way in a random order")
+          f"way in a random order; checks: {checks}, every {every} steps")
     for column, label in enumerate(("wall-clock step time", "main-thread CPU time per step")):
         report(label, *([t[column] for t in times[m]] for m in ("hooked", "unhooked")))
 

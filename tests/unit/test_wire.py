@@ -32,7 +32,7 @@ RANK = RankState(
     phase="checkpoint", phase_age=3.5, phase_timeout=600.0, progress_age=0.4, gap_p99=0.2,
     gaps=212, activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0),
     evidence=CheckEvidence(
-        checks=("replica_desync", "no_grad_sync"), taken=9,
+        checks=("replica_desync", "no_grad_sync"),
         fingerprints=(Fingerprint("parameters", "0", 0, 128, 2**64 - 1),
                       Fingerprint("batch", "3", 1, 128, 42)),
         unsynced_steps=3, sampler_reuses=2, sampler_reuse_step=16, sampler_epoch=0,

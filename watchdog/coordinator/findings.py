@@ -114,7 +114,6 @@ class FindingTracker:
     incidents: list[dict[str, object]] = field(default_factory=list)  # the warnings, in order
     # (of, group, module) -> step -> rank -> digest, the newest KEEP_STEPS steps
     _prints: dict[PrintKey, dict[int, dict[int, int]]] = field(default_factory=dict)
-    _taken: dict[int, int] = field(default_factory=dict)  # rank -> fingerprints merged
     _compared: dict[PrintKey, int] = field(default_factory=dict)  # the last step compared
     _duplicates: dict[PrintKey, tuple[int, frozenset[int]]] = field(default_factory=dict)
     _suspects: set[int] = field(default_factory=set)  # ranks with per-rank evidence
@@ -124,8 +123,7 @@ class FindingTracker:
     def observe(self, state: RankState) -> None:
         """Take one rank state's evidence; cheap when nothing new arrived."""
         evidence, rank = state.evidence, state.rank
-        if evidence.taken != self._taken.get(rank, 0):
-            self._taken[rank] = evidence.taken
+        if evidence.fingerprints:  # sent in the few reports after the rank took a new one
             for fp in evidence.fingerprints:
                 steps = self._prints.setdefault((fp.of, fp.group, fp.module), {})
                 steps.setdefault(fp.step, {})[rank] = fp.digest

@@ -5,14 +5,16 @@ that receive identical batches, a shuffling DistributedSampler that repeats its 
 module whose parameters changed after wrapping. The hook only gathers evidence here; the
 coordinator compares ranks (coordinator/findings.py).
 
-Cost: a step where no check is due pays one integer comparison (`Recorder.check_at`) and a flag
-read in DDP's forward. At steps 8, 16, 32, 64 and then every K (`WATCHDOG_CHECK_EVERY`, default
-100) the training thread fingerprints each DDP module's parameters (one float32 L2 norm per
-parameter, fused by `torch._foreach_norm`, plus 64 strided values of its largest ones) and
-checks their device, dtype and identity; the first forward after that fingerprints its batch
-(64 strided values of each input tensor). The numbers stay on their device: on a GPU they are
-copied to pinned memory without waiting, and the publisher thread digests them once an event
-says the copy is done, so the training thread never waits for the GPU.
+Cost: a step where no check is due pays one integer comparison (`Recorder.check_at`), and DDP's
+forward a flag read and a count. At steps 8, 16, 32, 64, 128, 256 and then every K
+(`WATCHDOG_CHECK_EVERY`, default 200) the training thread fingerprints each DDP module's
+parameters (one float32 L2 norm per parameter, fused by `torch._foreach_norm`, plus 64 strided
+values of the largest one) and checks their device, dtype and identity; the first forward after
+that fingerprints its batch (64 strided values of each input tensor): about 0.1 ms for a small
+model, 20 ms for 100M parameters on one CPU core (tests/bench/checks_overhead.py). The numbers
+stay on their device: on a GPU they are copied to pinned memory without waiting, and the
+publisher thread digests them once an event says the copy is done, so the training thread never
+waits for the GPU.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from typing import Any
 
 from watchdog.beacon import CHECK_NAMES, CheckState, Fingerprint
 
-CHECK_EVERY = 100  # optimizer steps between checks once the early ones are done
-FIRST_CHECK = 8  # the first check, then twice the step each time until K steps apart
+CHECK_EVERY = 200  # optimizer steps between checks once the early ones are done (the bench)
+FIRST_CHECK = 8  # the first check, then twice the step each time until K steps apart: a
+# mistake made at start-up (or at a restart, which counts steps from 0 again) shows early
 MAX_MODULES = 4  # DDP modules followed; later ones go unchecked
 KEEP = 3  # fingerprints kept per DDP module and kind: the coordinator needs one step all share
 SAMPLED = 64  # values taken from each sampled tensor
-SAMPLED_PARAMETERS = 4  # the largest parameters of a module give values, besides their norms
 MAX_BATCH_TENSORS = 16
 MAX_PENDING = 16  # fingerprints waiting for their device copy
 FULL_PRECISION = ("float32", "float64")  # norms of others are taken in float32
@@ -71,7 +73,7 @@ def next_check(step: int, every: int) -> int:
 class _Module:
     """A DDP module being followed: what its parameters were when it was wrapped."""
 
-    __slots__ = ("batch_step", "ddp", "group", "ordinal", "sampled", "wrapped")
+    __slots__ = ("batch_step", "ddp", "group", "largest", "ordinal", "wrapped")
 
     def __init__(self, ddp: Any, ordinal: int) -> None:
         self.ddp = weakref.ref(ddp)
@@ -79,18 +81,17 @@ class _Module:
         self.group = str(ddp.process_group.group_name)
         named = _parameters(ddp)
         self.wrapped = [(name, weakref.ref(p), p.device, p.dtype) for name, p in named]
-        sizes = sorted(range(len(named)), key=lambda i: -named[i][1].numel())
-        self.sampled = sorted(sizes[:SAMPLED_PARAMETERS])
+        sizes = [p.numel() for _, p in named]
+        self.largest = sizes.index(max(sizes)) if sizes else 0  # gives values, besides norms
         self.batch_step = -1  # the step whose batch is still to be fingerprinted
 
-    def changed(self) -> str:
-        """What about its parameters changed since wrapping; empty: nothing."""
-        ddp = self.ddp()
-        now = _parameters(ddp) if ddp is not None else []
-        if len(now) != len(self.wrapped):
-            return f"parameters: {len(self.wrapped)} when wrapped, {len(now)} now"
-        for (name, ref, device, dtype), (_, p) in zip(self.wrapped, now, strict=True):
-            replaced = ref() is not p  # (a test of its own: `is` would narrow p's type)
+    def changed(self, named: list[tuple[str, Any]]) -> str:
+        """What about its parameters (`named`, as they are now) changed since wrapping; empty:
+        nothing."""
+        if len(named) != len(self.wrapped):
+            return f"parameters: {len(self.wrapped)} when wrapped, {len(named)} now"
+        for (name, ref, device, dtype), (_, p) in zip(self.wrapped, named, strict=True):
+            replaced = ref() is not p  # (a name of its own: `is` in the `if` would narrow p)
             if replaced:
                 return f"parameter {name} was replaced"
             if p.device != device:
@@ -139,7 +140,7 @@ def _local(torch: Any, tensors: Iterable[Any]) -> list[Any]:
     (a DTensor gives its local shard) or a device sync."""
     found = []
     for t in tensors:
-        t = getattr(t, "_local_tensor", t).detach()
+        t = getattr(t, "_local_tensor", t)
         if (t.layout == torch.strided and t.device.type in ("cpu", "cuda") and t.numel()
                 and not t.is_complex()):
             found.append(t)
@@ -147,40 +148,45 @@ def _local(torch: Any, tensors: Iterable[Any]) -> list[Any]:
 
 
 def _strided(t: Any) -> Any:
-    """SAMPLED values spread over the tensor, as float64."""
-    flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
-    return flat[::max(1, flat.numel() // SAMPLED)][:SAMPLED].double()
+    """SAMPLED values spread over the tensor (all of a smaller one): one view of a contiguous
+    tensor's memory, a copy of any other."""
+    numel = t.numel()
+    stride = max(1, numel // SAMPLED)
+    if not t.is_contiguous():
+        return t.reshape(-1)[::stride][:SAMPLED]
+    return t.as_strided((min(SAMPLED, numel),), (stride,), t.storage_offset())
 
 
-def parameter_values(torch: Any, parameters: list[Any], sampled: list[int]) -> Any | None:
-    """The numbers a module's parameter fingerprint digests: each parameter's L2 norm (one
-    fused call per dtype), then strided values of the `sampled` ones; None when there is
-    nothing to take (no parameter, or several devices)."""
-    local = _local(torch, parameters)
+def parameter_values(torch: Any, parameters: list[Any], largest: int) -> Any | None:
+    """The numbers a module's parameter fingerprint digests, as float64: each parameter's L2
+    norm (one fused call per dtype), then strided values of the `largest` one, which carry
+    signs; None when there is nothing to take (no parameter, or several devices). Call it
+    under torch.no_grad()."""
+    local = [t for t in _local(torch, parameters) if t.is_floating_point()]
     if not local or any(t.device != local[0].device for t in local):
         return None
     by_dtype: dict[Any, list[Any]] = {}
     for t in local:
-        if t.is_floating_point():
-            by_dtype.setdefault(t.dtype, []).append(t)
+        by_dtype.setdefault(t.dtype, []).append(t)
     parts = []
     for dtype, group in by_dtype.items():
         cast = None if str(dtype).removeprefix("torch.") in FULL_PRECISION else torch.float32
-        parts.append(torch.stack(torch._foreach_norm(group, 2, dtype=cast)).double())
-    parts += [_strided(local[i]) for i in sampled if i < len(local)]
-    return torch.cat(parts)
+        parts.append(torch.stack(torch._foreach_norm(group, 2, dtype=cast)))
+    parts.append(_strided(local[min(largest, len(local) - 1)]))
+    return torch.cat(parts).double()  # cat promotes mixed dtypes
 
 
 def batch_values(torch: Any, inputs: tuple[Any, ...], kwargs: Mapping[str, Any]
                  ) -> tuple[Any | None, bytes]:
-    """The numbers a batch fingerprint digests (strided values of each input tensor on the
-    first one's device), and the shapes and dtypes it covers."""
+    """The numbers a batch fingerprint digests, as float64 (strided values of each input tensor
+    on the first one's device), and the shapes and dtypes it covers. Call it under
+    torch.no_grad()."""
     tensors = _local(torch, _tensors(torch, [*inputs, *(kwargs[k] for k in sorted(kwargs))]))
     tensors = [t for t in tensors if t.device == tensors[0].device][:MAX_BATCH_TENSORS]
     if not tensors:
         return None, b""
     shapes = repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
-    return torch.cat([_strided(t) for t in tensors]), shapes
+    return torch.cat([_strided(t) for t in tensors]).double(), shapes
 
 
 def _tensors(torch: Any, values: list[Any]) -> Iterator[Any]:
@@ -236,13 +242,14 @@ class Checks:
             ddp = module.ddp()
             if ddp is None:
                 continue
+            named = _parameters(ddp)
             if "ddp_module_changed" in self.enabled and self._change is None:
-                what = module.changed()
+                what = module.changed(named)
                 if what:
                     self._change = (step, module.ordinal, module.group, what)
             if "replica_desync" in self.enabled:
-                params = [p for _, p in _parameters(ddp)]
-                values = parameter_values(self.torch, params, module.sampled)
+                with self.torch.no_grad():
+                    values = parameter_values(self.torch, [p for _, p in named], module.largest)
                 if values is not None:
                     self._pending.append(_Probe(self.torch, "parameters", module, step, values,
                                                 b""))
@@ -255,7 +262,8 @@ class Checks:
         """DDP's forward, while a batch is due: fingerprint it if it is this module's."""
         for module in self._modules:
             if module.ddp() is ddp and module.batch_step >= 0:
-                values, shapes = batch_values(self.torch, inputs, kwargs)
+                with self.torch.no_grad():
+                    values, shapes = batch_values(self.torch, inputs, kwargs)
                 if values is not None:
                     self._pending.append(_Probe(self.torch, "batch", module, module.batch_step,
                                                 values, shapes))

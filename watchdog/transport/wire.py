@@ -6,10 +6,12 @@ never reaches the rest of the code.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
+    CHECK_KINDS,
     NO_ACTIVITY,
     NO_EVIDENCE,
     Activity,
@@ -32,8 +34,8 @@ MAX_FRAMES = 512
 MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 MAX_FINGERPRINTS = 64
-MAX_CHECKS = 16
 FINGERPRINT_OF = frozenset({"parameters", "batch"})
+CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
 
 
 def _text(value: str, what: str) -> str:
@@ -103,7 +105,7 @@ def activity_from_pb(m: pb.Activity) -> Activity:
 
 def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
     m = pb.CheckEvidence(
-        checks=e.checks, taken=e.taken, unsynced_steps=e.unsynced_steps,
+        checks=sum(CHECK_BITS.get(name, 0) for name in e.checks), unsynced_steps=e.unsynced_steps,
         fingerprints=[pb.Fingerprint(of=f.of, group=f.group, module=f.module, step=f.step,
                                      digest=f.digest) for f in e.fingerprints])
     if e.sampler_reuses:
@@ -117,18 +119,28 @@ def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
     return m
 
 
+@functools.cache
+def _checks_only(mask: int) -> CheckEvidence:
+    """The evidence of a rank whose checks found nothing yet: most ranks, in most reports."""
+    return CheckEvidence(checks=tuple(name for name, bit in CHECK_BITS.items() if mask & bit))
+
+
 def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
-    if len(m.fingerprints) > MAX_FINGERPRINTS or len(m.checks) > MAX_CHECKS:
-        raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints and {len(m.checks)} "
-                                   f"checks (at most {MAX_FINGERPRINTS} and {MAX_CHECKS})")
+    mask = m.checks & (1 << len(CHECK_KINDS)) - 1
+    if not (m.fingerprints or m.unsynced_steps or m.HasField("sampler_reuse")
+            or m.HasField("ddp_module_change")):
+        return _checks_only(mask)
+    if len(m.fingerprints) > MAX_FINGERPRINTS:
+        raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
+                                   f"{MAX_FINGERPRINTS})")
     prints = tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
                    for f in m.fingerprints)
     reuse, change = m.sampler_reuse, m.ddp_module_change
-    _check_texts("", *m.checks, *(f.group for f in prints), change.group, change.change)
+    _check_texts("", *(f.group for f in prints), change.group, change.change)
     if any(f.of not in FINGERPRINT_OF for f in prints):
         raise MessageRejectedError("a fingerprint of something unknown")
     return CheckEvidence(
-        checks=tuple(m.checks), taken=m.taken, fingerprints=prints,
+        checks=_checks_only(mask).checks, fingerprints=prints,
         unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
         sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
         ddp_change_step=change.step, ddp_change_module=change.module,

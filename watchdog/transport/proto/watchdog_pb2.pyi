@@ -174,21 +174,18 @@ class CheckEvidence(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHECKS_FIELD_NUMBER: _builtins.int
-    TAKEN_FIELD_NUMBER: _builtins.int
     FINGERPRINTS_FIELD_NUMBER: _builtins.int
     UNSYNCED_STEPS_FIELD_NUMBER: _builtins.int
     SAMPLER_REUSE_FIELD_NUMBER: _builtins.int
     DDP_MODULE_CHANGE_FIELD_NUMBER: _builtins.int
-    taken: _builtins.int
-    """fingerprints taken so far"""
+    checks: _builtins.int
+    """The checks the rank's hook runs: bit i is the i-th finding of model.CHECK_KINDS."""
     unsynced_steps: _builtins.int
     """optimizer steps since a gradient collective was last seen"""
     @_builtins.property
-    def checks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """the checks the rank's hook runs: "replica_desync", ..."""
+    def fingerprints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fingerprint]:
+        """The rank's latest fingerprints, in the few reports after it took a new one."""
 
-    @_builtins.property
-    def fingerprints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fingerprint]: ...
     @_builtins.property
     def sampler_reuse(self) -> Global___SamplerReuse: ...
     @_builtins.property
@@ -196,8 +193,7 @@ class CheckEvidence(_message.Message):
     def __init__(
         self,
         *,
-        checks: _abc.Iterable[_builtins.str] | None = ...,
-        taken: _builtins.int = ...,
+        checks: _builtins.int = ...,
         fingerprints: _abc.Iterable[Global___Fingerprint] | None = ...,
         unsynced_steps: _builtins.int = ...,
         sampler_reuse: Global___SamplerReuse | None = ...,
@@ -205,7 +201,7 @@ class CheckEvidence(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ddp_module_change", b"ddp_module_change", "sampler_reuse", b"sampler_reuse"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "ddp_module_change", b"ddp_module_change", "fingerprints", b"fingerprints", "sampler_reuse", b"sampler_reuse", "taken", b"taken", "unsynced_steps", b"unsynced_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "ddp_module_change", b"ddp_module_change", "fingerprints", b"fingerprints", "sampler_reuse", b"sampler_reuse", "unsynced_steps", b"unsynced_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
