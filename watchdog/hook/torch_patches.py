@@ -187,6 +187,8 @@ class TorchPatches:
             # the outer one: counting them would skew seqs of ranks taking different paths.
             if not rec.enabled or frame(1).f_globals is c10d_globals:
                 return original(*args, **kwargs)
+            if shares_model:
+                rec.grad_syncs += 1
             group = args[group_at] if len(args) > group_at else kwargs.get("group")
             slot = slots.get(group)
             if slot is None:
@@ -194,8 +196,6 @@ class TorchPatches:
             if slot < 0:
                 return original(*args, **kwargs)
             seq = enter(slot, op)
-            if shares_model:
-                rec.grad_syncs += 1
             result = original(*args, **kwargs)
             if args[async_at] if len(args) > async_at else kwargs.get("async_op"):
                 self._pending_until_waited(result, slot, seq)
