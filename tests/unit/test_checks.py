@@ -4,6 +4,7 @@ one-rank gloo group, a DistributedSampler, real tensors. What reaches the beacon
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from watchdog.hook.checks import (
     parse_checks,
 )
 from watchdog.hook.recorder import Recorder
+from watchdog.hook.torch_patches import TorchPatches
 from watchdog.model import CHECK_KINDS
 
 ALL = frozenset(CHECK_NAMES)
@@ -144,6 +146,23 @@ def test_batches_are_fingerprinted_at_the_first_forward_after_a_check(one_rank: 
     assert not rec.checks.batch_due
     (fingerprint,) = published(rec).fingerprints
     assert (fingerprint.of, fingerprint.step) == ("batch", FIRST_CHECK)
+
+
+def test_the_patched_ddp_takes_a_training_batch_not_an_evaluations(
+        one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("__init__", "forward"):  # restored after the test
+        monkeypatch.setattr(DistributedDataParallel, name, getattr(DistributedDataParallel, name))
+    rec = recorder(tmp_path)
+    TorchPatches(rec).patch_ddp(sys.modules["torch.nn.parallel.distributed"])
+    ddp = ddp_linear()  # the patched constructor hands it to the checks
+    steps(rec, FIRST_CHECK)
+    batch = torch.ones(2, 8)
+    with torch.no_grad():
+        ddp(batch)  # an evaluation: every rank may well see the same batch
+    assert rec.checks.batch_due and rec.grad_syncs == 0
+    ddp(batch).sum().backward()
+    assert not rec.checks.batch_due and rec.grad_syncs == 1
+    assert sorted(fp.of for fp in published(rec).fingerprints) == ["batch", "parameters"]
 
 
 def test_batch_values_cover_every_input_tensor_and_its_shape() -> None:

@@ -9,12 +9,12 @@ Cost: a step where no check is due pays one integer comparison (`Recorder.check_
 forward a flag read and a count. At steps 8, 16, 32, 64, 128, 256 and then every K
 (`WATCHDOG_CHECK_EVERY`, default 200) the training thread fingerprints each DDP module's
 parameters (one float32 L2 norm per parameter, fused by `torch._foreach_norm`, plus 64 strided
-values of the largest one) and checks their device, dtype and identity; the first forward after
-that fingerprints its batch (64 strided values of each input tensor): about 0.1 ms for a small
-model, 20 ms for 100M parameters on one CPU core (tests/bench/checks_overhead.py). The numbers
-stay on their device: on a GPU they are copied to pinned memory without waiting, and the
-publisher thread digests them once an event says the copy is done, so the training thread never
-waits for the GPU.
+values of the largest one) and checks their device, dtype and identity; the first training
+forward after that (one that will synchronize gradients) fingerprints its batch (64 strided
+values of each input tensor): about 0.1 ms for a small model, 20 ms for 100M parameters on one
+CPU core (tests/bench/checks_overhead.py). The numbers stay on their device: on a GPU they are
+copied to pinned memory without waiting, and the publisher thread digests them once an event
+says the copy is done, so the training thread never waits for the GPU.
 """
 
 from __future__ import annotations

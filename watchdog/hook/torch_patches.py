@@ -343,8 +343,8 @@ class TorchPatches:
                     slot = register(ddp.process_group, ddp.process_group, None)
                 if slot >= 0:
                     rec.enter(slot, DDP_OP, True)
-            if checks.batch_due and rec.enabled:
-                self._checked(checks.batch, ddp, inputs, kwargs)
+                if checks.batch_due:  # a training batch: an evaluation's may well be shared
+                    self._checked(checks.batch, ddp, inputs, kwargs)
             return original(ddp, *inputs, **kwargs)
 
         ddp_class.forward = forward
