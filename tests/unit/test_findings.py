@@ -18,6 +18,7 @@ from test_verdict import JOB, T0, done, entered, rank
 
 from agent.workers import check_evidence
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
+from watchdog.cli.render import render_status
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator.findings import (
     NO_SYNC_STEPS,
@@ -194,9 +195,14 @@ def test_a_job_with_a_warning_is_running(one_rank: None, tmp_path: Path) -> None
                 for r in range(4)]
     hub.ingest(NodeReport("node-a", now, tuple(replicas)), now)
     hub.evaluate_all(now)
-    (job,) = json.loads(hub.status_json(""))["jobs"]
+    status = json.loads(hub.status_json(""))
+    (job,) = status["jobs"]
     assert (job["state"], job["verdict"]) == ("RUNNING", None)
     assert [(f["kind"], f["severity"]) for f in job["findings"]] == [("REPLICA_DESYNC", "warning")]
+    text = render_status(status)
+    assert f"{JOB}  RUNNING  world size 4" in text
+    assert "REPLICA_DESYNC (warning): rank 2: the parameters of DDP module 0 differ" in text
+    assert "  fix: Load checkpoints and change parameters before wrapping" in text
 
 
 def test_a_fault_in_the_findings_never_stops_hang_judgement(
