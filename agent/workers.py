@@ -20,7 +20,17 @@ from agent.logtail import expand_nccl_debug_file
 from watchdog import beacon
 from watchdog import env as _env
 from watchdog.errors import BeaconError, BeaconNotReadyError
-from watchdog.model import NO_ACTIVITY, Activity, ExitReason, Frame, GroupProgress, RankState
+from watchdog.model import (
+    NO_ACTIVITY,
+    NO_EVIDENCE,
+    Activity,
+    CheckEvidence,
+    ExitReason,
+    Fingerprint,
+    Frame,
+    GroupProgress,
+    RankState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,9 @@ STALE_BEACON_S = 60.0  # a beacon whose process died this long ago belongs to an
 EXITED_RETENTION_S = 300.0  # keep reporting an exited worker this long, then forget it
 UNHOOKED_SCAN_S = 2.0
 NOT_READY_S = 5.0
+# Reports that carry a rank's fingerprints after it took a new one: a few, in case one is shed
+# on the way; every report would double the coordinator's cost of decoding a rank's state.
+FINGERPRINT_REPORTS = 5
 
 
 @dataclass
@@ -46,6 +59,8 @@ class Worker:
     oom_counter: str = ""  # the file counting OOM kills in its memory cgroup...
     oom_kills: int | None = None  # ...and the count when it was found
     oom_killed: bool = False
+    fingerprints_taken: int = 0  # how many the beacon said its rank had taken, last report
+    fingerprint_reports: int = 0  # reports that still carry them
 
     @property
     def alive(self) -> bool:
@@ -304,7 +319,8 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
         clean_exit=snap.exit_state == beacon.EXIT_CLEAN,
         exit_reason=_raised(snap.raised) if hook_saw_exit and snap.raised else base.exit_reason,
         setup=setup.call, setup_age=_age(now, setup.entered_at) if setup.call else None,
-        rendezvous=setup.rendezvous)
+        rendezvous=setup.rendezvous,
+        evidence=check_evidence(snap.checks, _new_fingerprints(worker, snap.checks)))
 
 
 def _raised(raised: beacon.RaisedException) -> ExitReason:
@@ -317,6 +333,32 @@ def _killed(worker: Worker) -> ExitReason | None:
     """The signal that ended the worker, where the agent saw its exit status."""
     name = exits.signal_name(worker.exit_status) if worker.exit_status is not None else ""
     return ExitReason(signal=name, oom_killed=worker.oom_killed) if name else None
+
+
+def _new_fingerprints(worker: Worker, checks: beacon.CheckState) -> bool:
+    """Whether this report carries the worker's fingerprints: one of the next few after its
+    rank took one."""
+    if checks.taken != worker.fingerprints_taken:
+        worker.fingerprints_taken, worker.fingerprint_reports = checks.taken, FINGERPRINT_REPORTS
+    if worker.fingerprint_reports <= 0:
+        return False
+    worker.fingerprint_reports -= 1
+    return True
+
+
+def check_evidence(checks: beacon.CheckState, fingerprints: bool = True) -> CheckEvidence:
+    """What a beacon says of its rank's checks, as a report carries it (with its fingerprints
+    or without)."""
+    if checks == beacon.NO_CHECKS:
+        return NO_EVIDENCE
+    return CheckEvidence(
+        checks=checks.enabled,
+        fingerprints=tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
+                           for f in checks.fingerprints) if fingerprints else (),
+        unsynced_steps=checks.unsynced_steps, sampler_reuses=checks.sampler_reuses,
+        sampler_reuse_step=checks.sampler_reuse_step, sampler_epoch=checks.sampler_epoch,
+        ddp_change_step=checks.ddp_change_step, ddp_change_module=checks.ddp_change_module,
+        ddp_change_group=checks.ddp_change_group, ddp_change=checks.ddp_change)
 
 
 def _age(now: float, stamp: float) -> float | None:

@@ -26,12 +26,19 @@ from watchdog.errors import BeaconError, BeaconNotReadyError
 
 MAGIC = b"THWBEACN"
 VERSION = 3  # 2: the publisher's progress stamp and gap statistics; 3: the start-up region
+# and the silent-bug checks
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
 MAX_WORLD = 1 << 20  # a larger world size in a beacon is corruption, not a job
 
 EXIT_RUNNING, EXIT_CLEAN, EXIT_EXCEPTION = 0, 1, 2
+
+# The silent-bug checks a hook can run (`WATCHDOG_CHECKS`); bit i of the beacon's mask is the
+# i-th name. Each is the lower-case name of the finding it feeds.
+CHECK_NAMES = ("replica_desync", "no_grad_sync", "duplicate_data", "sampler_epoch_reused",
+               "ddp_module_changed")
+FINGERPRINT_OF = ("parameters", "batch")  # what a fingerprint is of; stored as index + 1
 
 _HEADER = struct.Struct("<8sII")  # magic, version, total size
 _HEARTBEAT = struct.Struct("<d")
@@ -52,6 +59,12 @@ _ATTEMPT = struct.Struct("<I")
 _SETUP = struct.Struct("<24sd128s")
 _REASON_LEN = struct.Struct("<I")
 MAX_EXIT_REASON = 2048  # bytes of UTF-8 JSON: an uncaught exception's type, message and frames
+# The silent-bug checks (hook/checks.py): which run, fingerprints taken, gradient collectives,
+# the sampler and the DDP module events, then the fingerprint records.
+# enabled, n_fingerprints, taken, unsynced_steps, sampler_reuses, sampler_reuse_step,
+# sampler_epoch, ddp_change_step, ddp_change_module, ddp_change_group, ddp_change
+_CHECKS = struct.Struct("<IIQQQQqQI32s64s4x")
+_FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
 
 OFF_SEQ = 16
 OFF_HEARTBEAT = 24
@@ -72,9 +85,14 @@ OFF_START = OFF_GROUPS + MAX_GROUPS * GROUP_SLOT_SIZE  # version 3 appended this
 OFF_SETUP = OFF_START + 8
 OFF_REASON = OFF_START + _START.size
 START_REGION = 4096  # reserved; the next region begins after it
-SIZE = OFF_START + START_REGION
+# The checks follow the start-up region.
+OFF_CHECKS = OFF_START + START_REGION
+OFF_FINGERPRINTS = OFF_CHECKS + _CHECKS.size
+MAX_FINGERPRINTS = 24  # 4 DDP modules x (parameters, batch) x the last 3 of each
+SIZE = OFF_FINGERPRINTS + MAX_FINGERPRINTS * _FINGERPRINT.size
 
 assert OFF_PROGRESS + _PROGRESS.size <= OFF_PACE and OFF_PACE + _PACE.size <= OFF_GROUPS
+assert OFF_CHECKS % 8 == 0
 assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
 assert OFF_ENTERED_SEQ % 8 == 0 and OFF_START % 8 == 0
 assert _START.size + MAX_EXIT_REASON <= START_REGION
@@ -155,6 +173,38 @@ class Pace:
 
 
 @dataclass(frozen=True)
+class Fingerprint:
+    """A digest of one DDP module's parameters after optimizer step `step`, or of the batch its
+    forward received after that step: equal on every replica that is in sync."""
+
+    of: str  # one of FINGERPRINT_OF
+    group: str  # the DDP module's process group
+    module: int  # which DDP module of this process, in the order they were wrapped
+    step: int
+    digest: int
+
+
+@dataclass(frozen=True)
+class CheckState:
+    """What the silent-bug checks of one rank found so far (hook/checks.py)."""
+
+    enabled: tuple[str, ...] = ()  # of CHECK_NAMES
+    taken: int = 0  # fingerprints taken so far: changes whenever one is added
+    fingerprints: tuple[Fingerprint, ...] = ()
+    unsynced_steps: int = 0  # optimizer steps since one was last seen
+    sampler_reuses: int = 0  # shuffling DistributedSampler iterations that repeated an epoch
+    sampler_reuse_step: int = 0  # the step of the first
+    sampler_epoch: int = 0  # ...and its epoch
+    ddp_change_step: int = 0  # when a DDP module's parameters were first seen changed; 0: never
+    ddp_change_module: int = 0
+    ddp_change_group: str = ""
+    ddp_change: str = ""  # what changed: "dtype of weight: torch.float32 -> torch.float64"
+
+
+NO_CHECKS = CheckState()
+
+
+@dataclass(frozen=True)
 class BeaconGroup:
     name: str
     ranks: tuple[int, ...]
@@ -182,6 +232,7 @@ class BeaconSnapshot:
     gaps: int = 0  # how many gaps the hook measured
     setup: Setup = NO_SETUP
     raised: RaisedException | None = None  # what ended it, when an exception did
+    checks: CheckState = NO_CHECKS
 
     @property
     def events(self) -> int:
@@ -293,14 +344,16 @@ class BeaconWriter:
             return slot
 
     def publish(self, steps: int, entered: Sequence[Entered], completed: Mapping[int, int],
-                now: float, pace: Pace | None = None) -> None:
+                now: float, pace: Pace | None = None, checks: CheckState | None = None) -> None:
         """Record the rank's progress as one consistent record: the step count (stamped `now`
         when it changed) and, for each registered group, its last collective entered as
         (seq, op, time) and its last completed seq. An UNTIMED entry is stamped `now` by the
-        first publish that sees its seq."""
+        first publish that sees its seq. `checks`, where given, replaces the checks' state."""
         words, doubles = self._words, self._doubles
         with self._lock:
             self._begin()
+            if checks is not None:
+                self._write_checks(checks)
             if pace is not None:
                 doubles[OFF_PACE // 8] = pace.progress_at
                 doubles[OFF_PACE // 8 + 1] = pace.gap_p99
@@ -322,6 +375,19 @@ class BeaconWriter:
                 doubles[at_double] = entered_at
                 words[(base + OFF_COMPLETED) // 8] = completed.get(slot, 0)
             self._end()
+
+    def _write_checks(self, checks: CheckState) -> None:
+        prints = checks.fingerprints[-MAX_FINGERPRINTS:]
+        mask = sum(1 << CHECK_NAMES.index(name) for name in checks.enabled)
+        _CHECKS.pack_into(
+            self._mm, OFF_CHECKS, mask, len(prints), checks.taken, checks.unsynced_steps,
+            checks.sampler_reuses, checks.sampler_reuse_step, checks.sampler_epoch,
+            checks.ddp_change_step, checks.ddp_change_module,
+            checks.ddp_change_group.encode()[:32], checks.ddp_change.encode()[:64])
+        for n, fp in enumerate(prints):
+            _FINGERPRINT.pack_into(self._mm, OFF_FINGERPRINTS + n * _FINGERPRINT.size,
+                                   FINGERPRINT_OF.index(fp.of) + 1, fp.module, fp.step,
+                                   fp.digest, fp.group.encode()[:32])
 
     def set_phase(self, name: str, started: float, timeout: float) -> None:
         with self._lock:
@@ -352,7 +418,25 @@ class BeaconWriter:
         self._mm.close()
 
 
-def _parse(data: bytes, start: bytes) -> BeaconSnapshot:
+def _parse_checks(data: bytes) -> CheckState:
+    """The checks region, copied from OFF_CHECKS on."""
+    (mask, n_prints, taken, unsynced, reuses, reuse_step, epoch, change_step,
+     change_module, change_group, change) = _CHECKS.unpack_from(data, 0)
+    if n_prints > MAX_FINGERPRINTS:
+        raise BeaconError(f"beacon claims {n_prints} fingerprints (at most {MAX_FINGERPRINTS})")
+    prints = []
+    for n in range(n_prints):
+        of, module, step, digest, group = _FINGERPRINT.unpack_from(
+            data, _CHECKS.size + n * _FINGERPRINT.size)
+        if not 1 <= of <= len(FINGERPRINT_OF):
+            raise BeaconError(f"beacon fingerprint {n} is of unknown kind {of}")
+        prints.append(Fingerprint(FINGERPRINT_OF[of - 1], _text(group), module, step, digest))
+    enabled = tuple(name for bit, name in enumerate(CHECK_NAMES) if mask >> bit & 1)
+    return CheckState(enabled, taken, tuple(prints), unsynced, reuses, reuse_step,
+                      epoch, change_step, change_module, _text(change_group), _text(change))
+
+
+def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
     pid, rank, local_rank, world, created, job, host = _IDENTITY.unpack_from(data, OFF_IDENTITY)
     (steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started,
      phase_timeout) = _PROGRESS.unpack_from(data, OFF_PROGRESS)
@@ -381,7 +465,8 @@ def _parse(data: bytes, start: bytes) -> BeaconSnapshot:
     return BeaconSnapshot(identity, _HEARTBEAT.unpack_from(data, OFF_HEARTBEAT)[0], steps,
                           step_at, exit_state, exit_code, exited_at, _text(phase), phase_started,
                           phase_timeout, tuple(groups), progress_at, gap_p99, gaps,
-                          Setup(_text(call), setup_at, _text(rendezvous)), raised)
+                          Setup(_text(call), setup_at, _text(rendezvous)), raised,
+                          _parse_checks(checks))
 
 
 def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
@@ -404,8 +489,9 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
                 n_groups = min(_N_GROUPS.unpack_from(head, OFF_N_GROUPS)[0], MAX_GROUPS)
                 data = bytes(head[:OFF_GROUPS + n_groups * GROUP_SLOT_SIZE])
                 start = bytes(head[OFF_START:OFF_REASON + MAX_EXIT_REASON])
+                checks = bytes(head[OFF_CHECKS:SIZE])
                 if words[OFF_SEQ // 8] == before:
-                    return _parse(data, start)
+                    return _parse(data, start, checks)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.
             time.sleep(0)
     raise BeaconError(f"beacon kept changing during {attempts} read attempts")

@@ -20,6 +20,8 @@ AUTOINSTALL = "WATCHDOG_AUTOINSTALL"  # "1": the boot sitecustomize installs the
 HOOK_PID = "WATCHDOG_HOOK_PID"  # set by the installed hook: its children are not ranks
 ATTEMPT = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: how many times it restarted the workers
 MAX_JOB_ID = 64  # bytes a beacon keeps of it
+CHECKS = "WATCHDOG_CHECKS"  # the silent-bug checks the hook runs: "-duplicate_data", "none"
+CHECK_EVERY = "WATCHDOG_CHECK_EVERY"  # optimizer steps between checks, after the early ones
 
 DEFAULT_BEACON_DIR = "/dev/shm/torch-hang-watchdog"
 DEFAULT_PORT = 29450  # the coordinator's

@@ -20,7 +20,7 @@ class _Text(str, enum.Enum):
 
 
 class Kind(_Text):
-    """The closed set of verdict kinds (docs/design.md)."""
+    """The closed set of verdict and finding kinds (docs/design.md)."""
 
     MISSING_RANKS = "MISSING_RANKS"
     COLLECTIVE_MISMATCH = "COLLECTIVE_MISMATCH"
@@ -30,10 +30,23 @@ class Kind(_Text):
     RANK_STALLED = "RANK_STALLED"
     NODE_UNREACHABLE = "NODE_UNREACHABLE"
     RANK_BUSY = "RANK_BUSY"
+    # Findings: the job runs, but silently wrong.
+    REPLICA_DESYNC = "REPLICA_DESYNC"
+    NO_GRAD_SYNC = "NO_GRAD_SYNC"
+    DUPLICATE_DATA = "DUPLICATE_DATA"
+    SAMPLER_EPOCH_REUSED = "SAMPLER_EPOCH_REUSED"
+    DDP_MODULE_CHANGED = "DDP_MODULE_CHANGED"
 
     @property
     def severity(self) -> Severity:
-        return Severity.NOTICE if self is Kind.RANK_BUSY else Severity.HANG
+        if self is Kind.RANK_BUSY:
+            return Severity.NOTICE
+        return Severity.WARNING if self in FINDINGS else Severity.HANG
+
+    @property
+    def check(self) -> str:
+        """The name of the hook's check behind a finding (`WATCHDOG_CHECKS`)."""
+        return self.value.lower()
 
 
 class Severity(_Text):
@@ -42,6 +55,12 @@ class Severity(_Text):
     HANG = "hang"
     NOTICE = "notice"  # a rank works while its peers wait: a long phase, until --busy-timeout
     WARNING = "warning"  # the job runs, but something is silently wrong
+
+
+# The findings, in the order of the hook's checks (beacon.CHECK_NAMES; bits of a mask on the wire).
+CHECK_KINDS = (Kind.REPLICA_DESYNC, Kind.NO_GRAD_SYNC, Kind.DUPLICATE_DATA,
+               Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED)
+FINDINGS = frozenset(CHECK_KINDS)
 
 
 class JobState(_Text):
@@ -100,6 +119,37 @@ class Activity:
 
 
 NO_ACTIVITY = Activity()
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A digest of a DDP module's parameters after optimizer step `step` (of "parameters"), or
+    of the batch its forward received after it ("batch"): equal on replicas in sync."""
+
+    of: str
+    group: str  # the DDP module's process group
+    module: int  # which DDP module of its process, in the order they were wrapped
+    step: int
+    digest: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckEvidence:
+    """What a rank's silent-bug checks gathered; the coordinator's findings compare ranks."""
+
+    checks: tuple[str, ...] = ()  # the checks the rank's hook runs (Kind.check names)
+    fingerprints: tuple[Fingerprint, ...] = ()  # the latest, while new: sent a few times
+    unsynced_steps: int = 0  # optimizer steps since a gradient collective was last seen
+    sampler_reuses: int = 0  # shuffling DistributedSampler iterations that repeated an epoch
+    sampler_reuse_step: int = 0  # the step of the first, and its epoch
+    sampler_epoch: int = 0
+    ddp_change_step: int = 0  # when a DDP module's parameters were first seen changed; 0: no
+    ddp_change_module: int = 0
+    ddp_change_group: str = ""
+    ddp_change: str = ""  # what changed
+
+
+NO_EVIDENCE = CheckEvidence()
 
 
 def is_native_file(file: str) -> bool:
@@ -178,6 +228,7 @@ class RankState:
     setup: str = ""  # the process-group set-up call it waits in (init_process_group, new_group)
     setup_age: float | None = None  # for how long, by the agent's clock
     rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
+    evidence: CheckEvidence = NO_EVIDENCE
 
     @property
     def alive(self) -> bool:

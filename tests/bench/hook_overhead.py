@@ -5,10 +5,14 @@
     what the publisher thread spends per round copying that into the beacon;
 (b) step time of a small 2-rank gloo DDP job under torchrun, hooked vs unhooked: one run that
     installs or removes the hook's patches before each step, in a random order, so both see the
-    same machine state. (On two cores, blocks of 50 steps each way gave ratios from 0.97 to 1.04
-    from run to run, and strict alternation was biased: even steps ran slower than odd ones.)
+    same machine state; and, in the same run, hooked with the silent-bug checks held off, which
+    gives what the checks add. (On two cores, blocks of 50 steps each way gave ratios from 0.97
+    to 1.04 from run to run, and strict alternation was biased: even steps ran slower than odd
+    ones.)
     Wall-clock time includes waiting for the peer; the main thread's CPU time, which the hook
-    adds to, does not.
+    adds to, does not. Hooked steps run the checks as a user gets them (each one, at the default
+    K, counted in hooked steps): they work only every K steps, so the mean per step says what
+    they cost, and the median does not.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from watchdog.beacon import BeaconWriter, Identity  # noqa: E402
 from watchdog.cli.demo import free_port  # noqa: E402
 from watchdog.cli.inject import BOOT_DIR  # noqa: E402
+from watchdog.hook.checks import CHECK_EVERY  # noqa: E402
 from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
 from watchdog.hook.recorder import Recorder  # noqa: E402
 from watchdog.hook.torch_patches import TorchPatches  # noqa: E402
@@ -43,6 +48,8 @@ WARMUP_STEPS = 200
 # and a few-millisecond one, still far shorter than a GPU training step.
 STEPS = {64: 40_000, 512: 10_000}
 BOOTSTRAP = 400
+HOOKED, UNHOOKED, NO_CHECKS = "hooked", "unhooked", "hooked, checks held off"
+MODES = (HOOKED, UNHOOKED, NO_CHECKS)
 
 
 def per_call_ns(call: Any, n: int) -> float:
@@ -88,7 +95,8 @@ def event_costs() -> None:
 
 def hook_switch(recorder: Recorder) -> Any:
     """Turns the hook's per-step work on or off: DDP's forward patch, the optimizer step hook
-    and recording. Off, a step runs torch's own code only."""
+    and recording. Off, a step runs torch's own code only. With the checks held off, a due
+    check waits for a step with them on: they come every K steps of those."""
     from torch.nn.parallel import DistributedDataParallel
 
     hooked_forward = DistributedDataParallel.forward
@@ -96,7 +104,10 @@ def hook_switch(recorder: Recorder) -> Any:
     assert len(post_hooks) == 1, "expected the hook's step counter as the only global hook"
     ours = dict(post_hooks)
 
-    def switch(on: bool) -> None:
+    held = [recorder.check_at, recorder.checks.batch_due]  # while the checks are held off
+
+    def switch(mode: str) -> None:
+        on = mode != UNHOOKED
         recorder.enabled = on
         DistributedDataParallel.forward = (  # type: ignore[method-assign]
             hooked_forward if on else hooked_forward.__wrapped__)
@@ -104,6 +115,11 @@ def hook_switch(recorder: Recorder) -> Any:
             post_hooks.update(ours)
         else:
             post_hooks.clear()
+        if recorder.check_at == sys.maxsize:  # the last step held them: one step later now
+            recorder.check_at, recorder.checks.batch_due = held[0] + 1, bool(held[1])
+        if mode == NO_CHECKS:
+            held[:] = [recorder.check_at, recorder.checks.batch_due]
+            recorder.check_at, recorder.checks.batch_due = sys.maxsize, False
 
     return switch
 
@@ -135,13 +151,13 @@ def ddp_worker(out: str, width: int) -> None:
 
     for _ in range(WARMUP_STEPS):
         step()
-    times: dict[str, list[tuple[float, float]]] = {"hooked": [], "unhooked": []}
-    modes = ["hooked", "unhooked"] * STEPS[width]
+    times: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    modes = list(MODES) * STEPS[width]
     random.Random(0).shuffle(modes)  # same order on both ranks
     for mode in modes:
-        switch(mode == "hooked")
+        switch(mode)
         times[mode].append(step())
-    switch(True)
+    switch(HOOKED)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()
@@ -149,7 +165,7 @@ def ddp_worker(out: str, width: int) -> None:
 
 def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
     """Ratio of medians with a 90% bootstrap interval, and the same ratio between two random
-    halves of the unhooked steps: the noise floor of this machine."""
+    halves of the unhooked steps: the noise floor of this machine; and the means."""
     rng = random.Random(1)
     halves = rng.sample(unhooked, len(unhooked))
     noise = statistics.median(halves[::2]) / statistics.median(halves[1::2])
@@ -158,9 +174,11 @@ def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
                        / statistics.median(rng.choices(unhooked, k=len(unhooked)))
                        for _ in range(BOOTSTRAP))
     low, high = resampled[BOOTSTRAP // 20], resampled[-BOOTSTRAP // 20]
-    print(f"(b) {label}: median {on * 1e3:.3f} ms hooked, {off * 1e3:.3f} ms unhooked "
+    mean_on, mean_off = statistics.fmean(hooked), statistics.fmean(unhooked)
+    print(f"  {label}: median {on * 1e3:.3f} ms vs {off * 1e3:.3f} ms "
           f"({(on - off) * 1e6:+.1f} us), ratio {on / off:.4f} (90% interval {low:.4f}-"
-          f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f})")
+          f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f}); mean "
+          f"{mean_on * 1e3:.3f} vs {mean_off * 1e3:.3f} ms ({(mean_on - mean_off) * 1e6:+.1f} us)")
 
 
 def step_costs(width: int) -> None:
@@ -176,9 +194,11 @@ def step_costs(width: int) -> None:
             sys.exit(f"the step-time job failed ({run.returncode}):\n{run.stderr[-3000:]}")
         times = json.loads(Path(out).read_text())
     print(f"(b) DDP step of rank 0, 2 ranks gloo, MLP {width} wide, {STEPS[width]} steps each "
-          "way in a random order")
-    for column, label in enumerate(("wall-clock step time", "main-thread CPU time per step")):
-        report(label, *([t[column] for t in times[m]] for m in ("hooked", "unhooked")))
+          f"way in a random order; the checks every {CHECK_EVERY} steps")
+    for on, off in ((HOOKED, UNHOOKED), (NO_CHECKS, UNHOOKED), (HOOKED, NO_CHECKS)):
+        print(f"(b) {on} vs {off}:")
+        for column, label in enumerate(("wall-clock step time", "main-thread CPU time per step")):
+            report(label, *([t[column] for t in times[m]] for m in (on, off)))
 
 
 if __name__ == "__main__":

@@ -49,10 +49,11 @@ def watch(tmp_path: Path) -> Any:
     def run(*train_args: str, nproc: int = 4, watchdog_args: tuple[str, ...] = (
             "--stall-timeout", "3", "--on-hang", "kill"),
             launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT,
-            job: list[str] | None = None) -> WatchedRun:
+            job: list[str] | None = None, env: dict[str, str] | None = None) -> WatchedRun:
         report = tmp_path / "incident.json"
         job = job or torchrun_command(nproc, *train_args, launcher=launcher, script=script)
-        proc = subprocess.run(run_command(report, job, watchdog_args), env=job_env(tmp_path),
+        proc = subprocess.run(run_command(report, job, watchdog_args),
+                              env={**job_env(tmp_path), **(env or {})},
                               capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
         return watched_run(proc.returncode, proc.stdout + proc.stderr, report)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import random
 import struct
@@ -22,6 +23,8 @@ from watchdog.beacon import (
     MAX_GROUPS,
     MAX_LISTED_RANKS,
     NOT_ENTERED,
+    OFF_CHECKS,
+    OFF_FINGERPRINTS,
     OFF_GROUPS,
     OFF_N_GROUPS,
     SIZE,
@@ -29,6 +32,8 @@ from watchdog.beacon import (
     VERSION,
     BeaconGroup,
     BeaconWriter,
+    CheckState,
+    Fingerprint,
     Identity,
     RaisedException,
     Setup,
@@ -125,6 +130,19 @@ def test_beacon_path_keeps_job_ids_file_safe() -> None:
     assert path == "/d/run_1_host_29500.rank2.pid99.beacon"
 
 
+def test_the_checks_state_round_trips_with_the_progress(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    prints = (Fingerprint("parameters", "0", 0, 8, 2**64 - 1),
+              Fingerprint("batch", "group-with-a-long-name-cut-at-32-bytes", 1, 16, 7))
+    checks = CheckState(("replica_desync", "sampler_epoch_reused"), 5, prints, 12, 2, 40, 1,
+                        64, 1, "3", "dtype of weight: torch.float32 -> torch.float64")
+    writer.publish(70, [], {}, 1.0, checks=checks)
+    snap = read_beacon(open_beacon(writer.path))
+    cut = Fingerprint("batch", "group-with-a-long-name-cut-at-32", 1, 16, 7)
+    assert snap.checks == dataclasses.replace(checks, fingerprints=(prints[0], cut))
+    assert snap.steps == 70
+
+
 def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
     writer = make_writer(tmp_path)
     mapping = open_beacon(writer.path)
@@ -142,6 +160,9 @@ def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
         (lambda b: b[: SIZE - 1], "bytes, expected"),
         (lambda b: b[:16] + struct.pack("<Q", 7) + b[24:], "kept changing"),
         (lambda b: _with_n_groups(b, MAX_GROUPS + 1), "process groups"),
+        (lambda b: _with_u32(b, OFF_CHECKS + 4, 25), "25 fingerprints"),
+        (lambda b: _with_u32(_with_u32(b, OFF_CHECKS + 4, 1), OFF_FINGERPRINTS, 3),
+         "unknown kind 3"),
     ],
 )
 def test_damaged_beacons_raise_beacon_error(tmp_path: Path, damage: Callable[[bytes], bytes],
@@ -162,7 +183,11 @@ def test_unreadable_beacon_file_raises_beacon_error(tmp_path: Path) -> None:
 
 
 def _with_n_groups(data: bytes, n_groups: int) -> bytes:
-    return data[:OFF_N_GROUPS] + struct.pack("<I", n_groups) + data[OFF_N_GROUPS + 4:]
+    return _with_u32(data, OFF_N_GROUPS, n_groups)
+
+
+def _with_u32(data: bytes, offset: int, value: int) -> bytes:
+    return data[:offset] + struct.pack("<I", value) + data[offset + 4:]
 
 
 def _write_forever(writer: BeaconWriter) -> None:

@@ -10,7 +10,9 @@ import pytest
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     Activity,
+    CheckEvidence,
     ExitReason,
+    Fingerprint,
     Frame,
     GroupProgress,
     NodeReport,
@@ -29,7 +31,14 @@ RANK = RankState(
     groups=(GroupProgress("0", (), 57, "all_reduce", 56, 1764680003.2),
             GroupProgress("1", (0, 1), 5, "all_reduce", 4, 1764680001.0)),
     phase="checkpoint", phase_age=3.5, phase_timeout=600.0, progress_age=0.4, gap_p99=0.2,
-    gaps=212, activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0))
+    gaps=212, activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0),
+    evidence=CheckEvidence(
+        checks=("replica_desync", "no_grad_sync"),
+        fingerprints=(Fingerprint("parameters", "0", 0, 128, 2**64 - 1),
+                      Fingerprint("batch", "3", 1, 128, 42)),
+        unsynced_steps=3, sampler_reuses=2, sampler_reuse_step=16, sampler_epoch=0,
+        ddp_change_step=8, ddp_change_module=1, ddp_change_group="3",
+        ddp_change="dtype of weight: torch.float32 -> torch.float64"))
 
 
 def through_the_wire(report: NodeReport) -> NodeReport | StackReply:
@@ -82,6 +91,10 @@ def test_stack_reply_round_trip() -> None:
     replace(RANK, attempt=_wire.MAX_ATTEMPT),
     replace(RANK, setup_age=math.nan),
     replace(RANK, rendezvous="r" * (_wire.MAX_TEXT + 1)),
+    replace(RANK, evidence=CheckEvidence(fingerprints=(Fingerprint("loss", "0", 0, 8, 1),))),
+    replace(RANK, evidence=CheckEvidence(
+        fingerprints=(Fingerprint("batch", "0", 0, 8, 1),) * (_wire.MAX_FINGERPRINTS + 1))),
+    replace(RANK, evidence=CheckEvidence(ddp_change_step=8, ddp_change="x" * 5000)),
 ])
 def test_malformed_rank_states_are_rejected(broken: RankState) -> None:
     with pytest.raises(MessageRejectedError):

@@ -48,6 +48,8 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     advice = incident.get("advice")
     if advice:
         lines += [f"{advice['category']}: {advice['cause']}", f"fix: {advice['fix']}"]
+    if incident.get("finding"):
+        lines += [f"cause: {incident['finding']['cause']}", f"fix: {incident['finding']['fix']}"]
     lines += ["", rank_table(incident["ranks"], culprits, color)]
     if incident["stack_groups"]:
         lines += ["", "stacks, fewest ranks first:"]
@@ -103,6 +105,10 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     if verdict:
         alarm = _ALARM if verdict.get("severity", Severity.HANG) == Severity.HANG else _CAUTION
         lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + alarm, color))
+    for finding in job.get("findings", ()):
+        lines.append(_paint(f"{finding['kind']} (warning): {finding['summary']}", _CAUTION,
+                            color))
+        lines.append(f"  fix: {finding['finding']['fix']}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from watchdog.coordinator.evidence import (
     waits_in_collective,
     wedge_reason,
 )
+from watchdog.coordinator.findings import Finding
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (
     ExitReason,
@@ -69,6 +70,27 @@ def build_incident(
     if verdict.kind == Kind.NODE_UNREACHABLE:
         incident["node"] = verdict.node
     return incident
+
+
+def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id: str,
+                           detected_at: float) -> dict[str, Any]:
+    """A finding's incident (severity warning): the keys of any incident, with no collective
+    or stacks, and `finding`: the first step it was seen at, its cause and its fix."""
+    return {
+        "id": incident_id,
+        "job_id": snapshot.job_id,
+        "detected_at": detected_at,
+        "kind": finding.kind,
+        "severity": finding.kind.severity,
+        "summary": finding.summary,
+        "culprit_ranks": list(finding.culprit_ranks),
+        "waiting_ranks": [],
+        "collective": None,
+        "ranks": rank_rows(snapshot),
+        "stack_groups": [],
+        "finding": {"key": finding.key, "step": finding.step, "cause": finding.cause,
+                    "fix": finding.fix},
+    }
 
 
 def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:

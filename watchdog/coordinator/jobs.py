@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.coordinator.evidence import python_frames
+from watchdog.coordinator.findings import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState, Severity
 
@@ -39,6 +40,8 @@ class JobView:
     place: str = ""
     # Code places where a stall ended by itself, and how long it lasted at most.
     learned: dict[str, float] = field(default_factory=dict)
+    # Silent bugs: warnings in their own state, so they never hide a hang nor wait for one.
+    findings: FindingTracker = field(default_factory=FindingTracker)
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -73,6 +76,7 @@ class JobView:
         self.world_size = max(self.world_size, state.world_size)
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
+        self.findings.observe(state)
         if received is not None and state.progress_age is not None:
             at = received - state.progress_age  # the agent measured the age on its own clock
             self._progress_at = at if self._progress_at is None else max(self._progress_at, at)

@@ -19,12 +19,13 @@ from typing import Any
 
 from watchdog import metrics
 from watchdog.coordinator.evidence import culprit_place
-from watchdog.coordinator.incident import build_incident, rank_rows
+from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_rows
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
+    FINDINGS,
     JobSnapshot,
     Kind,
     NodeReport,
@@ -46,6 +47,7 @@ NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 
 IncidentListener = Callable[[dict[str, Any]], None]
+JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
 
 
 class Coordinator:
@@ -113,7 +115,8 @@ class Coordinator:
         verdict = job.incident if job.incident_open or job.done else None
         return {"job_id": job.job_id, "state": job.state(now), "world_size": job.world_size,
                 "nodes": sorted(set(job.nodes.values())),
-                "ranks": rank_rows(job.snapshot(now)), "verdict": verdict}
+                "ranks": rank_rows(job.snapshot(now)), "verdict": verdict,
+                "findings": list(job.findings.incidents)}
 
     # -- decisions --
     async def run(self, stop: asyncio.Event) -> None:
@@ -150,6 +153,8 @@ class Coordinator:
         tasks = []
         for job in self.jobs.values():
             job.observe(now)
+            if job.findings.pending:
+                self._report_findings(job, now)
             if job.evaluating or job.hung or (job.incident is not None and job.done):
                 continue
             if now < job.hold_until or not job.needs_judgement(now):
@@ -209,6 +214,36 @@ class Coordinator:
                 verdict.kind, list(verdict.culprit_ranks))
         return False
 
+    def _report_findings(self, job: JobView, now: float) -> None:
+        """Store each new finding of the job, then tell the listeners; a fault here is logged
+        and never keeps the job from being judged for hangs."""
+        try:
+            snapshot = job.snapshot(now)
+            for finding in job.findings.evaluate(snapshot, now):
+                incident = build_finding_incident(snapshot, finding, uuid.uuid4().hex[:12], now)
+                stored = self._stored_finding(incident)
+                job.findings.incidents.append(stored or incident)
+                if stored is None:
+                    self._announce(incident)
+        except Exception:
+            log.exception("checking job %s for findings failed", job.job_id)
+
+    def _stored_finding(self, incident: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored incident of the same finding, reported before a restart, if any."""
+        for text in self.store.kind_json(incident["job_id"], incident["kind"]):
+            stored: dict[str, Any] = json.loads(text)
+            if stored.get("finding", {}).get("key") == incident["finding"]["key"]:
+                return stored
+        return None
+
+    def _announce(self, incident: dict[str, Any]) -> None:
+        """Store the incident, then tell the listeners."""
+        self.store.add(incident)
+        metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
+        log.info("incident %s: %s", incident["id"], incident["summary"])
+        for listener in self.listeners:
+            listener(incident)
+
     def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> None:
         """Store the incident, then tell the listeners, once."""
         incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
@@ -218,17 +253,13 @@ class Coordinator:
         if stored is not None:
             log.info("incident %s was stored before a restart; not repeating it", stored["id"])
             return
-        self.store.add(incident)
-        metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
-        log.info("incident %s: %s", incident["id"], incident["summary"])
-        for listener in self.listeners:
-            listener(incident)
+        self._announce(incident)
 
     def stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
         """The stored incident of the same hang (job, kind, culprits, collective), if any: a
         coordinator restarted mid-hang must not report it twice."""
         key = ("kind", "culprit_ranks", "collective")
-        latest = self.store.latest_json(incident["job_id"])
+        latest = self.store.latest_json(incident["job_id"], JUDGED_KINDS)
         if latest is None:
             return None
         stored: dict[str, Any] = json.loads(latest)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,20 @@ class IncidentStore:
             "SELECT body FROM incidents ORDER BY detected_at DESC LIMIT ?", (limit,))
         return [body for (body,) in rows]
 
-    def latest_json(self, job_id: str) -> str | None:
-        """The newest incident of one job."""
+    def latest_json(self, job_id: str, kinds: Collection[str]) -> str | None:
+        """The newest incident of one job among those of `kinds`."""
+        marks = ",".join("?" * len(kinds))
         row = self._db.execute(
-            "SELECT body FROM incidents WHERE job_id = ? ORDER BY detected_at DESC LIMIT 1",
-            (job_id,)).fetchone()
+            f"SELECT body FROM incidents WHERE job_id = ? AND kind IN ({marks}) "
+            "ORDER BY detected_at DESC LIMIT 1", (job_id, *kinds)).fetchone()
         return None if row is None else str(row[0])
+
+    def kind_json(self, job_id: str, kind: str) -> list[str]:
+        """Every incident of one kind in one job, newest first."""
+        rows = self._db.execute(
+            "SELECT body FROM incidents WHERE job_id = ? AND kind = ? ORDER BY detected_at DESC",
+            (job_id, kind))
+        return [body for (body,) in rows]
 
     def get_json(self, incident_id: str) -> str | None:
         row = self._db.execute("SELECT body FROM incidents WHERE id = ?", (incident_id,)).fetchone()

@@ -2,7 +2,8 @@
 
 `watchdog demo` runs it with a rank stuck in its data pipeline; the integration tests run every
 fault (tests/jobs/spawn_job.py runs it under torch.multiprocessing.spawn). Done right:
-DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU.
+DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU. Each `--mistake` gets that
+setup wrong: the job never hangs, it just learns wrong.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "sl
           "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock", "init_stall",
           "crash", "killed")
 EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
+# Setup mistakes that never hang: rank 0 loads other weights after wrapping; no
+# DistributedSampler; no DDP; no set_epoch; the model cast to float64 after wrapping.
+MISTAKES = ("load_after_ddp", "no_sampler", "no_ddp", "no_set_epoch", "cast_after_ddp")
 
 
 class Progress:
@@ -158,6 +162,8 @@ def write_nccl_debug_lines(local_rank: int, peer_closed: bool) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fault", choices=FAULTS, default="none")
+    parser.add_argument("--mistake", choices=MISTAKES, action="append", default=[],
+                        help="a setup mistake that never hangs (repeatable)")
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
@@ -212,6 +218,24 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
         load_shard()
 
 
+def load_checkpoint(model: torch.nn.Module) -> None:
+    """Stands for loading a checkpoint on rank 0 only, after DDP broadcast the weights."""
+    torch.manual_seed(1234)
+    model.load_state_dict(torch.nn.Linear(8, 1).state_dict())
+
+
+def build_model(mistakes: list[str], rank: int) -> tuple[torch.nn.Module, torch.dtype]:
+    """The model and the dtype its inputs need."""
+    if "no_ddp" in mistakes:
+        return torch.nn.Linear(8, 1), torch.float32
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    if "load_after_ddp" in mistakes and rank == 0:
+        load_checkpoint(model.module)
+    if "cast_after_ddp" in mistakes:
+        return model.double(), torch.float64
+    return model, torch.float32
+
+
 def join(rank: int, world_size: int, init_method: str | None) -> None:
     """init_process_group. torch 2.13's torchrun hands every attempt it restarts the same
     store, which still holds the keys the previous attempt's ranks wrote: a restarted gloo rank
@@ -242,15 +266,17 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None
     stall = args.fault == "data_stall" and rank == args.fault_rank
     dataset = Samples(64 * world, args.fault_step if stall else None)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank)
+    sampler = None if "no_sampler" in args.mistake else DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
-    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    model, dtype = build_model(args.mistake, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     evaluate_for(model, args.slow_start)
     step, epoch = 0, 0
     while step < args.steps:
-        sampler.set_epoch(epoch)
+        if sampler is not None and "no_set_epoch" not in args.mistake:
+            sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(dtype), y.to(dtype)
             Progress.step = step
             if args.fault == "slow_steps" and step % 3 == 1:
                 evaluate()

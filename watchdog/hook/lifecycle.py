@@ -17,8 +17,18 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
-from watchdog.beacon import EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
-from watchdog.env import ATTEMPT, HOOK_PID, beacon_dir, int_env, job_id, short_hostname
+from watchdog.beacon import CHECK_NAMES, EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog.env import (
+    ATTEMPT,
+    CHECK_EVERY,
+    CHECKS,
+    HOOK_PID,
+    beacon_dir,
+    int_env,
+    job_id,
+    short_hostname,
+)
+from watchdog.hook import checks
 from watchdog.hook.exit_reason import describe
 from watchdog.hook.post_import import after_import
 from watchdog.hook.recorder import Recorder
@@ -86,7 +96,12 @@ def _start(recorder: Recorder, identity: Identity) -> None:
     directory = beacon_dir(os.environ)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = beacon_path(directory, identity.job_id, identity.rank, identity.pid)
-    recorder.start(BeaconWriter(path, identity), identity)
+    enabled, unknown = checks.parse_checks(os.environ.get(CHECKS, ""))
+    if unknown:
+        print(f"torch-hang-watchdog: {CHECKS} names no check {', '.join(unknown)} (checks: "
+              f"{', '.join(CHECK_NAMES)})", file=sys.stderr)
+    every = max(1, int_env(os.environ, CHECK_EVERY, checks.CHECK_EVERY))
+    recorder.start(BeaconWriter(path, identity), identity, enabled, every)
     recorder.publish()
     os.environ[HOOK_PID] = str(identity.pid)
     atexit.register(recorder.mark_shutdown)

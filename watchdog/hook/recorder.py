@@ -35,6 +35,7 @@ from watchdog.beacon import (
     RaisedException,
     Setup,
 )
+from watchdog.hook.checks import CHECK_EVERY, Checks
 from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
@@ -53,18 +54,21 @@ class Recorder:
         "_pending",
         "_phase",
         "_steps",
+        "check_at",
+        "checks",
         "enabled",
         "exit_at",
         "exit_code",
         "exited",
         "failed",
+        "grad_syncs",
         "identity",
         "pid",
         "writer",
     )
 
-    def __init__(self, writer: BeaconWriter | None = None, identity: Identity | None = None
-                 ) -> None:
+    def __init__(self, writer: BeaconWriter | None = None, identity: Identity | None = None,
+                 checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
         """A recorder writing to `writer`, or an armed one (neither given) until `start`."""
         self.writer = writer
         self.identity = identity
@@ -84,10 +88,16 @@ class Recorder:
         self._manual_steps = False
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
+        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
+        self.check_at = self.checks.first_check  # the step count at which checks are next due
+        self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
 
-    def start(self, writer: BeaconWriter, identity: Identity) -> None:
-        """Begin recording an armed process as the rank `identity` names."""
+    def start(self, writer: BeaconWriter, identity: Identity,
+              checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
+        """Begin recording an armed process as the rank `identity` names, with those checks."""
         self.writer, self.identity, self.pid = writer, identity, identity.pid
+        self.checks = Checks(checks, check_every, self.steps_taken)
+        self.check_at = self.checks.first_check
         self.enabled = True
 
     def fail(self, error: BaseException) -> None:
@@ -152,6 +162,17 @@ class Recorder:
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
+            if self._steps >= self.check_at:
+                self._check()
+
+    def _check(self) -> None:
+        try:
+            self.check_at = self.checks.due(self._steps)
+        except Exception as e:
+            self.fail(e)
+
+    def steps_taken(self) -> int:
+        return self._steps
 
     def step(self) -> None:
         """Count a training step by hand; from now on optimizer steps are not counted."""
@@ -175,7 +196,8 @@ class Recorder:
             events = (steps + writer.n_groups + sum(seq for seq, _, _ in entered)
                       + sum(completed.values()))
             pace = self._pace.observe(events, steps, now)
-            writer.publish(steps, entered, completed, now, pace)
+            checks = self.checks.collect(steps, self.grad_syncs)
+            writer.publish(steps, entered, completed, now, pace, checks)
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

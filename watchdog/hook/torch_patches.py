@@ -37,6 +37,13 @@ COLLECTIVES = (
 P2P = {"send": ("dst", "group_dst", False), "recv": ("src", "group_src", False),
        "isend": ("dst", "group_dst", True), "irecv": ("src", "group_src", True)}
 P2P_BATCH_OPS = frozenset({"isend", "irecv"})  # what batch_isend_irecv accepts
+# Collectives that mean the ranks train one model (for NO_GRAD_SYNC): they reduce gradients, or
+# the model is split across ranks (FSDP's and tensor parallelism's gathers, experts' all-to-all).
+# Point-to-point transfers (pipeline stages) count too. A barrier or an object gather does not.
+SHARES_MODEL = frozenset({
+    "all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+    "reduce_scatter_single", "all_gather_into_tensor", "all_gather_single", "all_to_all",
+    "all_to_all_single"})
 DDP_OP = b"all_reduce"
 SHUTDOWN_GRACE_S = 60.0
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
@@ -68,6 +75,7 @@ class TorchPatches:
             "torch.distributed": self.patch_distributed,
             "torch.nn.parallel.distributed": self.patch_ddp,
             "torch.optim.optimizer": self.patch_optimizer,
+            "torch.utils.data.distributed": self.patch_sampler,
         }
 
     def slot(self, group: object) -> int:
@@ -217,6 +225,7 @@ class TorchPatches:
         rec, slots, register = self._rec, self._slots, self._register
         enter, complete = rec.enter, rec.complete
         op = original.__name__.encode()
+        shares_model = original.__name__ in SHARES_MODEL
         params = list(inspect.signature(original).parameters)
         group_at = params.index("group")
         async_at = params.index("async_op") if "async_op" in params else sys.maxsize
@@ -228,6 +237,8 @@ class TorchPatches:
             # the outer one: counting them would skew seqs of ranks taking different paths.
             if not rec.enabled or frame(1).f_globals is c10d_globals:
                 return original(*args, **kwargs)
+            if shares_model:
+                rec.grad_syncs += 1
             group = args[group_at] if len(args) > group_at else kwargs.get("group")
             slot = slots.get(group)
             if slot is None:
@@ -266,6 +277,7 @@ class TorchPatches:
                                   args[group_peer_at] if n > group_peer_at
                                   else kwargs.get(group_peer_name))
             seq = rec.enter(slot, op) if slot >= 0 else 0
+            rec.grad_syncs += 1
             result = original(*args, **kwargs)
             if slot >= 0 and asynchronous:
                 self._pending_until_waited(result, slot, seq)
@@ -290,6 +302,7 @@ class TorchPatches:
             if not rec.enabled or frame(1).f_globals is c10d_globals:
                 return original(p2p_op_list, *args, **kwargs)
             entered = self._enter_batch(p2p_op_list)
+            rec.grad_syncs += 1
             works = original(p2p_op_list, *args, **kwargs)
             if entered:
                 rec.leave_pending(*entered[-1])
@@ -363,23 +376,65 @@ class TorchPatches:
 
     def patch_ddp(self, module: ModuleType) -> None:
         """Count each DDP forward that will all-reduce gradients in backward as a collective
-        entered: the all-reduce runs in C++, out of Python's sight, and every rank must run it."""
+        entered: the all-reduce runs in C++, out of Python's sight, and every rank must run it.
+        The checks learn of each DDP module as it is wrapped, and see the batches it gets."""
         ddp_class = module.DistributedDataParallel
         original = ddp_class.forward
-        rec, slots, register = self._rec, self._slots, self._register
-        grad_enabled = sys.modules["torch"].is_grad_enabled
+        rec, slots, register, checks = self._rec, self._slots, self._register, self._rec.checks
+        checks.torch = sys.modules["torch"]
+        grad_enabled = checks.torch.is_grad_enabled
 
         @functools.wraps(original)
         def forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
             if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
+                rec.grad_syncs += 1
                 slot = slots.get(ddp.process_group)
                 if slot is None:
                     slot = register(ddp.process_group, ddp.process_group, None)
                 if slot >= 0:
                     rec.enter(slot, DDP_OP, True)
+                if checks.batch_due:  # a training batch: an evaluation's may well be shared
+                    self._checked(checks.batch, ddp, inputs, kwargs)
             return original(ddp, *inputs, **kwargs)
 
         ddp_class.forward = forward
+        if checks.first_check != sys.maxsize:
+            ddp_class.__init__ = self._after_init(ddp_class.__init__, checks.wrapped)
+
+    def _checked(self, check: Callable[..., None], *args: Any) -> None:
+        """A check, from the training thread: its fault disables the hook, never the job."""
+        try:
+            check(*args)
+        except Exception as e:
+            self._rec.fail(e)
+
+    def _after_init(self, original: Callable[..., None], then: Callable[[Any], None]) -> Any:
+        rec = self._rec
+
+        @functools.wraps(original)
+        def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+            original(obj, *args, **kwargs)
+            if rec.enabled:
+                self._checked(then, obj)
+
+        return __init__
+
+    def patch_sampler(self, module: ModuleType) -> None:
+        """A shuffling DistributedSampler iterated again with the same epoch (no set_epoch)."""
+        checks = self._rec.checks
+        if "sampler_epoch_reused" not in checks.enabled:
+            return
+        sampler_class = module.DistributedSampler
+        original, rec = sampler_class.__iter__, self._rec
+
+        @functools.wraps(original)
+        def __iter__(sampler: Any) -> Any:
+            iterator = original(sampler)
+            if rec.enabled:
+                self._checked(checks.sampler_iterated, sampler, iterator)
+            return iterator
+
+        sampler_class.__iter__ = __iter__
 
     def patch_optimizer(self, module: ModuleType) -> None:
         module.register_optimizer_step_post_hook(self._rec.optimizer_stepped)

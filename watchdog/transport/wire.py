@@ -6,15 +6,20 @@ never reaches the rest of the code.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
+    CHECK_KINDS,
     NO_ACTIVITY,
+    NO_EVIDENCE,
     Activity,
+    CheckEvidence,
     ExitReason,
+    Fingerprint,
     Frame,
     GroupProgress,
     NodeReport,
@@ -34,6 +39,9 @@ MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
 MAX_ATTEMPT = 1 << 20
 _SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
+MAX_FINGERPRINTS = 64
+FINGERPRINT_OF = frozenset({"parameters", "batch"})
+CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
 
 
 def _text(value: str, what: str) -> str:
@@ -126,6 +134,50 @@ def exit_reason_from_pb(m: pb.ExitReason) -> ExitReason:
                       m.signal, m.oom_killed)
 
 
+def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
+    m = pb.CheckEvidence(
+        checks=sum(CHECK_BITS.get(name, 0) for name in e.checks), unsynced_steps=e.unsynced_steps,
+        fingerprints=[pb.Fingerprint(of=f.of, group=f.group, module=f.module, step=f.step,
+                                     digest=f.digest) for f in e.fingerprints])
+    if e.sampler_reuses:
+        m.sampler_reuse.CopyFrom(pb.SamplerReuse(count=e.sampler_reuses,
+                                                 first_step=e.sampler_reuse_step,
+                                                 epoch=e.sampler_epoch))
+    if e.ddp_change_step:
+        m.ddp_module_change.CopyFrom(pb.DdpModuleChange(
+            step=e.ddp_change_step, module=e.ddp_change_module, group=e.ddp_change_group,
+            change=e.ddp_change))
+    return m
+
+
+@functools.cache
+def _checks_only(mask: int) -> CheckEvidence:
+    """The evidence of a rank whose checks found nothing yet: most ranks, in most reports."""
+    return CheckEvidence(checks=tuple(name for name, bit in CHECK_BITS.items() if mask & bit))
+
+
+def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
+    mask = m.checks & (1 << len(CHECK_KINDS)) - 1
+    if not (m.fingerprints or m.unsynced_steps or m.HasField("sampler_reuse")
+            or m.HasField("ddp_module_change")):
+        return _checks_only(mask)
+    if len(m.fingerprints) > MAX_FINGERPRINTS:
+        raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
+                                   f"{MAX_FINGERPRINTS})")
+    prints = tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
+                   for f in m.fingerprints)
+    reuse, change = m.sampler_reuse, m.ddp_module_change
+    _check_texts("", *(f.group for f in prints), change.group, change.change)
+    if any(f.of not in FINGERPRINT_OF for f in prints):
+        raise MessageRejectedError("a fingerprint of something unknown")
+    return CheckEvidence(
+        checks=_checks_only(mask).checks, fingerprints=prints,
+        unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
+        sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
+        ddp_change_step=change.step, ddp_change_module=change.module,
+        ddp_change_group=change.group, ddp_change=change.change)
+
+
 def rank_to_pb(r: RankState) -> pb.RankState:
     m = pb.RankState(
         job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
@@ -148,6 +200,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.progress_age = r.progress_age
     if r.activity.window:
         m.activity.CopyFrom(activity_to_pb(r.activity))
+    if r.evidence is not NO_EVIDENCE:
+        m.evidence.CopyFrom(evidence_to_pb(r.evidence))
     return m
 
 
@@ -179,7 +233,8 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         progress_age=progress_age, gap_p99=m.gap_p99, gaps=m.gaps,
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
-        attempt=m.attempt, setup=m.setup, setup_age=setup_age, rendezvous=m.rendezvous)
+        attempt=m.attempt, setup=m.setup, setup_age=setup_age, rendezvous=m.rendezvous,
+        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:

@@ -87,6 +87,7 @@ class RankState(_message.Message):
     SETUP_FIELD_NUMBER: _builtins.int
     SETUP_AGE_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     rank: _builtins.int
     local_rank: _builtins.int
@@ -124,9 +125,13 @@ class RankState(_message.Message):
     def activity(self) -> Global___Activity: ...
     @_builtins.property
     def exit_reason(self) -> Global___ExitReason:
-        """30-39: start-up and exit (issue 13)
+        """30-39: start-up and exit
         once exited, where known
         """
+
+    @_builtins.property
+    def evidence(self) -> Global___CheckEvidence:
+        """40-49: the silent-bug checks"""
 
     def __init__(
         self,
@@ -159,10 +164,11 @@ class RankState(_message.Message):
         setup: _builtins.str = ...,
         setup_age: _builtins.float | None = ...,
         rendezvous: _builtins.str = ...,
+        evidence: Global___CheckEvidence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "events", b"events", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -186,6 +192,144 @@ class RankState(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__setup_age) -> _WhichOneofReturnType__setup_age | None: ...
 
 Global___RankState: _TypeAlias = RankState  # noqa: Y015
+
+@_typing.final
+class CheckEvidence(_message.Message):
+    """What a rank's silent-bug checks gathered; the coordinator compares ranks into findings
+    (REPLICA_DESYNC, NO_GRAD_SYNC, DUPLICATE_DATA, SAMPLER_EPOCH_REUSED, DDP_MODULE_CHANGED).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKS_FIELD_NUMBER: _builtins.int
+    FINGERPRINTS_FIELD_NUMBER: _builtins.int
+    UNSYNCED_STEPS_FIELD_NUMBER: _builtins.int
+    SAMPLER_REUSE_FIELD_NUMBER: _builtins.int
+    DDP_MODULE_CHANGE_FIELD_NUMBER: _builtins.int
+    checks: _builtins.int
+    """The checks the rank's hook runs: bit i is the i-th finding of model.CHECK_KINDS."""
+    unsynced_steps: _builtins.int
+    """optimizer steps since a gradient collective was last seen"""
+    @_builtins.property
+    def fingerprints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fingerprint]:
+        """The rank's latest fingerprints, in the few reports after it took a new one."""
+
+    @_builtins.property
+    def sampler_reuse(self) -> Global___SamplerReuse: ...
+    @_builtins.property
+    def ddp_module_change(self) -> Global___DdpModuleChange: ...
+    def __init__(
+        self,
+        *,
+        checks: _builtins.int = ...,
+        fingerprints: _abc.Iterable[Global___Fingerprint] | None = ...,
+        unsynced_steps: _builtins.int = ...,
+        sampler_reuse: Global___SamplerReuse | None = ...,
+        ddp_module_change: Global___DdpModuleChange | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ddp_module_change", b"ddp_module_change", "sampler_reuse", b"sampler_reuse"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "ddp_module_change", b"ddp_module_change", "fingerprints", b"fingerprints", "sampler_reuse", b"sampler_reuse", "unsynced_steps", b"unsynced_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckEvidence: _TypeAlias = CheckEvidence  # noqa: Y015
+
+@_typing.final
+class Fingerprint(_message.Message):
+    """A digest of a DDP module's parameters after an optimizer step, or of the batch its forward
+    received after that step: equal on every replica in sync.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OF_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    MODULE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    of: _builtins.str
+    """"parameters" or "batch" """
+    group: _builtins.str
+    """the DDP module's process group"""
+    module: _builtins.int
+    """which DDP module of the rank, in the order they were wrapped"""
+    step: _builtins.int
+    digest: _builtins.int
+    def __init__(
+        self,
+        *,
+        of: _builtins.str = ...,
+        group: _builtins.str = ...,
+        module: _builtins.int = ...,
+        step: _builtins.int = ...,
+        digest: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "group", b"group", "module", b"module", "of", b"of", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Fingerprint: _TypeAlias = Fingerprint  # noqa: Y015
+
+@_typing.final
+class SamplerReuse(_message.Message):
+    """A shuffling DistributedSampler iterated again with the epoch it had (no set_epoch)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    FIRST_STEP_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    first_step: _builtins.int
+    epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        first_step: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "epoch", b"epoch", "first_step", b"first_step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SamplerReuse: _TypeAlias = SamplerReuse  # noqa: Y015
+
+@_typing.final
+class DdpModuleChange(_message.Message):
+    """A DDP module whose parameters changed device, dtype or identity after it was wrapped."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    MODULE_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """the step of the check that first saw it"""
+    module: _builtins.int
+    group: _builtins.str
+    change: _builtins.str
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        module: _builtins.int = ...,
+        group: _builtins.str = ...,
+        change: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "group", b"group", "module", b"module", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DdpModuleChange: _TypeAlias = DdpModuleChange  # noqa: Y015
 
 @_typing.final
 class ExitReason(_message.Message):

@@ -1,0 +1,306 @@
+"""The silent-bug checks (runs inside every training rank; torch arrives as an argument).
+
+Bugs that never hang: DDP replicas out of sync, ranks that never synchronize gradients, ranks
+that receive identical batches, a shuffling DistributedSampler that repeats its epoch, a DDP
+module whose parameters changed after wrapping. The hook only gathers evidence here; the
+coordinator compares ranks (coordinator/findings.py).
+
+Cost: a step where no check is due pays one integer comparison (`Recorder.check_at`), and DDP's
+forward a flag read and a count. At steps 8, 16, 32, 64, 128, 256 and then every K
+(`WATCHDOG_CHECK_EVERY`, default 200) the training thread fingerprints each DDP module's
+parameters (one float32 L2 norm per parameter, fused by `torch._foreach_norm`, plus 64 strided
+values of the largest one) and checks their device, dtype and identity; the first training
+forward after that (one that will synchronize gradients) fingerprints its batch (64 strided
+values of each input tensor): about 0.1 ms for a small model, 20 ms for 100M parameters on one
+CPU core (tests/bench/checks_overhead.py). The numbers stay on their device: on a GPU they are
+copied to pinned memory without waiting, and the publisher thread digests them once an event
+says the copy is done, so the training thread never waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import struct
+import sys
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from watchdog.beacon import CHECK_NAMES, CheckState, Fingerprint
+
+CHECK_EVERY = 200  # optimizer steps between checks once the early ones are done (the bench)
+FIRST_CHECK = 8  # the first check, then twice the step each time until K steps apart: a
+# mistake made at start-up (or at a restart, which counts steps from 0 again) shows early
+MAX_MODULES = 4  # DDP modules followed; later ones go unchecked
+KEEP = 3  # fingerprints kept per DDP module and kind: the coordinator needs one step all share
+SAMPLED = 64  # values taken from each sampled tensor
+MAX_BATCH_TENSORS = 16
+MAX_PENDING = 16  # fingerprints waiting for their device copy
+FULL_PRECISION = ("float32", "float64")  # norms of others are taken in float32
+
+
+def parse_checks(text: str) -> tuple[frozenset[str], list[str]]:
+    """The checks `WATCHDOG_CHECKS` enables, and the items it names that are no check.
+
+    Comma-separated items applied in order to every check: `-name` switches one off, `name` or
+    `+name` on, `none` and `all` every one. Empty: all of them.
+    """
+    enabled, unknown = set(CHECK_NAMES), []
+    for item in (part.strip() for part in text.split(",")):
+        name = item.lstrip("+-")
+        if item in ("all", "none"):
+            enabled = set(CHECK_NAMES) if item == "all" else set()
+        elif name not in CHECK_NAMES:
+            if item:
+                unknown.append(item)
+        elif item.startswith("-"):
+            enabled.discard(name)
+        else:
+            enabled.add(name)
+    return frozenset(enabled), unknown
+
+
+def next_check(step: int, every: int) -> int:
+    """The step of the check after the one at `step`: 8, 16, 32, 64, then every `every`. Every
+    rank counts the same steps, so every rank checks at the same ones."""
+    if step < FIRST_CHECK:
+        return FIRST_CHECK
+    return step + max(1, min(step, every))
+
+
+class _Module:
+    """A DDP module being followed: what its parameters were when it was wrapped."""
+
+    __slots__ = ("batch_step", "ddp", "group", "largest", "ordinal", "wrapped")
+
+    def __init__(self, ddp: Any, ordinal: int) -> None:
+        self.ddp = weakref.ref(ddp)
+        self.ordinal = ordinal
+        self.group = str(ddp.process_group.group_name)
+        named = _parameters(ddp)
+        self.wrapped = [(name, weakref.ref(p), p.device, p.dtype) for name, p in named]
+        sizes = [p.numel() for _, p in named]
+        self.largest = sizes.index(max(sizes)) if sizes else 0  # gives values, besides norms
+        self.batch_step = -1  # the step whose batch is still to be fingerprinted
+
+    def changed(self, named: list[tuple[str, Any]]) -> str:
+        """What about its parameters (`named`, as they are now) changed since wrapping; empty:
+        nothing."""
+        if len(named) != len(self.wrapped):
+            return f"parameters: {len(self.wrapped)} when wrapped, {len(named)} now"
+        for (name, ref, device, dtype), (_, p) in zip(self.wrapped, named, strict=True):
+            replaced = ref() is not p  # (a name of its own: `is` in the `if` would narrow p)
+            if replaced:
+                return f"parameter {name} was replaced"
+            if p.device != device:
+                return f"device of {name}: {device} -> {p.device}"
+            if p.dtype != dtype:
+                return f"dtype of {name}: {dtype} -> {p.dtype}"
+        return ""
+
+
+def _parameters(ddp: Any) -> list[tuple[str, Any]]:
+    """The parameters DDP synchronizes: all but those it was told to ignore."""
+    ignored = getattr(ddp, "parameters_to_ignore", ())
+    return [(n, p) for n, p in ddp.module.named_parameters() if n not in ignored]
+
+
+class _Probe:
+    """Numbers computed on the training thread, digested by the publisher once readable."""
+
+    __slots__ = ("event", "group", "module", "of", "prefix", "step", "values")
+
+    def __init__(self, torch: Any, of: str, module: _Module, step: int, values: Any,
+                 prefix: bytes) -> None:
+        self.of, self.group, self.module, self.step = of, module.group, module.ordinal, step
+        self.prefix = prefix
+        self.event = None
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(values.device))
+            values = host
+        self.values = values
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def fingerprint(self) -> Fingerprint:
+        numbers = self.values.tolist()
+        data = self.prefix + struct.pack(f"<{len(numbers)}d", *numbers)
+        digest = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+        return Fingerprint(self.of, self.group, self.module, self.step, digest)
+
+
+def _local(torch: Any, tensors: Iterable[Any]) -> list[Any]:
+    """Dense real tensors on the CPU or a CUDA device: what can be sampled without a collective
+    (a DTensor gives its local shard) or a device sync."""
+    found = []
+    for t in tensors:
+        t = getattr(t, "_local_tensor", t)
+        if (t.layout == torch.strided and t.device.type in ("cpu", "cuda") and t.numel()
+                and not t.is_complex()):
+            found.append(t)
+    return found
+
+
+def _strided(t: Any) -> Any:
+    """SAMPLED values spread over the tensor (all of a smaller one): one view of a contiguous
+    tensor's memory, a copy of any other."""
+    numel = t.numel()
+    stride = max(1, numel // SAMPLED)
+    if not t.is_contiguous():
+        return t.reshape(-1)[::stride][:SAMPLED]
+    return t.as_strided((min(SAMPLED, numel),), (stride,), t.storage_offset())
+
+
+def parameter_values(torch: Any, parameters: list[Any], largest: int) -> Any | None:
+    """The numbers a module's parameter fingerprint digests, as float64: each parameter's L2
+    norm (one fused call per dtype), then strided values of the `largest` one, which carry
+    signs; None when there is nothing to take (no parameter, or several devices). Call it
+    under torch.no_grad()."""
+    local = [t for t in _local(torch, parameters) if t.is_floating_point()]
+    if not local or any(t.device != local[0].device for t in local):
+        return None
+    by_dtype: dict[Any, list[Any]] = {}
+    for t in local:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    parts = []
+    for dtype, group in by_dtype.items():
+        cast = None if str(dtype).removeprefix("torch.") in FULL_PRECISION else torch.float32
+        parts.append(torch.stack(torch._foreach_norm(group, 2, dtype=cast)))
+    parts.append(_strided(local[min(largest, len(local) - 1)]))
+    return torch.cat(parts).double()  # cat promotes mixed dtypes
+
+
+def batch_values(torch: Any, inputs: tuple[Any, ...], kwargs: Mapping[str, Any]
+                 ) -> tuple[Any | None, bytes]:
+    """The numbers a batch fingerprint digests, as float64 (strided values of each input tensor
+    on the first one's device), and the shapes and dtypes it covers. Call it under
+    torch.no_grad()."""
+    tensors = _local(torch, _tensors(torch, [*inputs, *(kwargs[k] for k in sorted(kwargs))]))
+    tensors = [t for t in tensors if t.device == tensors[0].device][:MAX_BATCH_TENSORS]
+    if not tensors:
+        return None, b""
+    shapes = repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
+    return torch.cat([_strided(t) for t in tensors]).double(), shapes
+
+
+def _tensors(torch: Any, values: list[Any]) -> Iterator[Any]:
+    """The tensors among forward's arguments, and inside a list, tuple or dict among them."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, list | tuple | dict):
+            items = value.values() if isinstance(value, dict) else value
+            yield from (item for item in items if isinstance(item, torch.Tensor))
+
+
+class Checks:
+    """The checks of one rank. The training thread calls `wrapped`, `due`, `batch` and
+    `sampler_iterated` (through the torch patches); the publisher thread calls `collect`."""
+
+    def __init__(self, enabled: frozenset[str], every: int, steps: Callable[[], int]) -> None:
+        self.enabled = enabled
+        self.every = every
+        self.torch: Any = None  # set when DDP is patched: torch is imported by then
+        self.batch_due = False  # read in every DDP forward: a batch is to be fingerprinted
+        self._steps = steps
+        self._modules: list[_Module] = []
+        self._wrapped = 0
+        self._pending: deque[_Probe] = deque(maxlen=MAX_PENDING)
+        self._prints: dict[tuple[int, str], deque[Fingerprint]] = {}
+        self._taken = 0
+        # Each shuffling sampler's last epoch and the iterator it returned for it: a list
+        # iterator drops its list once exhausted, so this keeps at most one unfinished epoch.
+        self._samplers: weakref.WeakKeyDictionary[Any, tuple[int, Iterator[Any]]] = (
+            weakref.WeakKeyDictionary())
+        self._reuses, self._reuse_step, self._reuse_epoch = 0, 0, 0
+        self._change: tuple[int, int, str, str] | None = None  # step, module, group, what
+        self._syncs_seen, self._synced_at = 0, 0
+
+    @property
+    def first_check(self) -> int:
+        """The step of the first check; never, with no check that runs at steps."""
+        steps_checks = {"replica_desync", "duplicate_data", "ddp_module_changed"}
+        return FIRST_CHECK if self.enabled & steps_checks else sys.maxsize
+
+    # -- training thread --
+    def wrapped(self, ddp: Any) -> None:
+        """A DistributedDataParallel module was just constructed."""
+        ordinal, self._wrapped = self._wrapped, self._wrapped + 1
+        self._modules = [m for m in self._modules if m.ddp() is not None]
+        if len(self._modules) < MAX_MODULES:
+            self._modules.append(_Module(ddp, ordinal))
+
+    def due(self, step: int) -> int:
+        """Run the checks due after optimizer step `step`; returns the step of the next."""
+        for module in self._modules:
+            ddp = module.ddp()
+            if ddp is None:
+                continue
+            named = _parameters(ddp)
+            if "ddp_module_changed" in self.enabled and self._change is None:
+                what = module.changed(named)
+                if what:
+                    self._change = (step, module.ordinal, module.group, what)
+            if "replica_desync" in self.enabled:
+                with self.torch.no_grad():
+                    values = parameter_values(self.torch, [p for _, p in named], module.largest)
+                if values is not None:
+                    self._pending.append(_Probe(self.torch, "parameters", module, step, values,
+                                                b""))
+            if "duplicate_data" in self.enabled:
+                module.batch_step = step
+                self.batch_due = True
+        return next_check(step, self.every)
+
+    def batch(self, ddp: Any, inputs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        """DDP's forward, while a batch is due: fingerprint it if it is this module's."""
+        for module in self._modules:
+            if module.ddp() is ddp and module.batch_step >= 0:
+                with self.torch.no_grad():
+                    values, shapes = batch_values(self.torch, inputs, kwargs)
+                if values is not None:
+                    self._pending.append(_Probe(self.torch, "batch", module, module.batch_step,
+                                                values, shapes))
+                module.batch_step = -1
+        self.batch_due = any(m.batch_step >= 0 and m.ddp() is not None for m in self._modules)
+
+    def sampler_iterated(self, sampler: Any, iterator: Iterator[Any]) -> None:
+        """A DistributedSampler started an epoch. Iterating a shuffling one again with the epoch
+        of an iteration that ran to its end repeats that epoch's order: set_epoch was not
+        called. (An unfinished one, like a first batch peeked at, is not an epoch.)"""
+        if not getattr(sampler, "shuffle", False):
+            return
+        epoch = int(getattr(sampler, "epoch", 0))
+        previous = self._samplers.get(sampler)
+        if previous is not None and previous[0] == epoch and not operator.length_hint(
+                previous[1]):
+            if not self._reuses:
+                self._reuse_step, self._reuse_epoch = self._steps(), epoch
+            self._reuses += 1
+        self._samplers[sampler] = (epoch, iterator)
+
+    # -- publisher thread --
+    def collect(self, steps: int, grad_syncs: int) -> CheckState:
+        """The state to publish: fingerprints whose numbers are readable by now are digested."""
+        while self._pending and self._pending[0].ready():
+            probe = self._pending.popleft()
+            key = (probe.module, probe.of)
+            self._prints.setdefault(key, deque(maxlen=KEEP)).append(probe.fingerprint())
+            self._taken += 1
+        if grad_syncs != self._syncs_seen:
+            self._syncs_seen, self._synced_at = grad_syncs, steps
+        change = self._change or (0, 0, "", "")
+        return CheckState(
+            enabled=tuple(name for name in CHECK_NAMES if name in self.enabled),
+            taken=self._taken,
+            fingerprints=tuple(fp for key in sorted(self._prints) for fp in self._prints[key]),
+            unsynced_steps=steps - self._synced_at if "no_grad_sync" in self.enabled else 0,
+            sampler_reuses=self._reuses, sampler_reuse_step=self._reuse_step,
+            sampler_epoch=self._reuse_epoch, ddp_change_step=change[0],
+            ddp_change_module=change[1], ddp_change_group=change[2], ddp_change=change[3])
