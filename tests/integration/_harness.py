@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.stacks import find_py_spy
+from watchdog.errors import PtraceDeniedError
+
 JOB_TIMEOUT_S = 240
 WATCHDOG = [sys.executable, "-m", "watchdog"]
 
@@ -43,3 +46,18 @@ def stop_process(proc: subprocess.Popen[str], grace: float = 20.0) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.communicate()[0]
+
+
+def preflight() -> None:
+    """py-spy dumps a child of this process, as the agent dumps a worker; WatchdogError if not."""
+    py_spy = find_py_spy()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dump = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True,
+                              text=True, timeout=30)
+    finally:
+        child.kill()
+        child.wait()
+    if dump.returncode != 0:
+        raise PtraceDeniedError(f"py-spy could not attach to a process it started: "
+                                f"{dump.stderr.strip() or dump.stdout.strip()}")
