@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from watchdog import beacondir
 from watchdog.errors import BeaconError
 
 MAGIC = b"THWBEACN"
@@ -129,10 +130,13 @@ class BeaconWriter:
 
     __slots__ = (
         "_bytes",
+        "_dir_fd",
         "_doubles",
         "_lock",
         "_mm",
+        "_name",
         "_ops",
+        "_own_dir_fd",
         "_seq",
         "_slots",
         "_steps",
@@ -140,16 +144,25 @@ class BeaconWriter:
         "path",
     )
 
-    def __init__(self, path: str, identity: Identity) -> None:
+    def __init__(self, path: str, identity: Identity, dir_fd: int | None = None) -> None:
+        """Create the beacon at `path` (its name only, within the directory `dir_fd`, when
+        given), its space reserved: BeaconError when it cannot be (a full /dev/shm)."""
         if sys.byteorder != "little":
             raise BeaconError("beacons are little-endian; this host is not")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.path = path
+        self._name = os.path.basename(path)
+        self._own_dir_fd = dir_fd is None
+        self._dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY
+                               | os.O_CLOEXEC) if dir_fd is None else dir_fd
         try:
-            os.ftruncate(fd, SIZE)
+            fd = beacondir.create_beacon_file(self._dir_fd, self._name, SIZE)
+        except BaseException:
+            self._close_dir()
+            raise
+        try:
             self._mm = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        self.path = path
         self._bytes = memoryview(self._mm)
         self._words = self._bytes.cast("Q")  # aligned 8-byte stores
         self._doubles = self._bytes.cast("d")
@@ -160,6 +173,7 @@ class BeaconWriter:
         self._steps = 0
         self.write_identity(identity)
         _HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SIZE)  # last: readers see a whole record
+        beacondir.publish_beacon_file(self._dir_fd, self._name)
 
     def _begin(self) -> None:
         self._seq += 1
@@ -243,11 +257,21 @@ class BeaconWriter:
     def heartbeat(self, now: float) -> None:
         self._doubles[OFF_HEARTBEAT // 8] = now
 
+    def remove(self) -> None:
+        """Delete the beacon file (through its directory's descriptor: never another file)."""
+        os.unlink(self._name, dir_fd=self._dir_fd)
+
     def close(self) -> None:
         self._words.release()
         self._doubles.release()
         self._bytes.release()
         self._mm.close()
+        self._close_dir()
+
+    def _close_dir(self) -> None:
+        if self._own_dir_fd:
+            os.close(self._dir_fd)
+            self._own_dir_fd = False
 
 
 def _parse(data: bytes) -> BeaconSnapshot:

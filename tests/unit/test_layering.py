@@ -15,8 +15,8 @@ OWN = ("watchdog", "agent")
 NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
                      "watchdog.coordinator", "watchdog.cli", "sqlite3", "asyncio")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
-AGENT_MAY_USE = ("watchdog.beacon", "watchdog.env", "watchdog.errors", "watchdog.model",
-                 "watchdog.explain", "watchdog.transport", "watchdog.text")
+AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",
+                 "watchdog.model", "watchdog.explain", "watchdog.transport", "watchdog.text")
 
 
 def module_file(name: str) -> Path | None:

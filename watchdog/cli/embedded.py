@@ -1,8 +1,8 @@
 """The embedded mode of `watchdog run` and `watchdog demo` (CLI process): a coordinator and an
 agent in one asyncio process beside the job.
 
-They still talk gRPC, over a 0600 unix socket in a private run directory, so this path is the
-same code as the multi-process deployment.
+They still talk gRPC, over a 0600 unix socket in a private (0700) run directory, so this path is
+the same code as the multi-process deployment; the job's beacons go there too.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -26,7 +27,7 @@ from watchdog import env as _env
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
-from watchdog.errors import ExitCode
+from watchdog.errors import ExitCode, WatchdogError
 from watchdog.transport import start_server
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,13 @@ class _Run:
 async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
     """Run the job under watch; the job's exit code, or 3 when a hang made us end it."""
     cmd = check_command(options.cmd)
-    base = _env.beacon_dir()
-    os.makedirs(base, mode=0o755, exist_ok=True)
-    run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
+    run_dir = private_run_dir()
     store = IncidentStore(options.db_path)
+    try:
+        store.open()
+    except WatchdogError as e:
+        out.write(f"watchdog: {str(e).splitlines()[0]}; incidents are printed, and stored once "
+                  "it opens\n")
     state = _Run(options, out)
     coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
     coordinator.listeners.append(state.on_incident)
@@ -108,12 +112,31 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         stop.set()
         await asyncio.gather(*daemons, return_exceptions=True)
         await server.stop(grace=1.0)
-        store.close()
+        await coordinator.saver.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def private_run_dir(env: Mapping[str, str] = os.environ) -> str:
+    """A new directory only this user can enter, for the socket and the job's beacons: under
+    $XDG_RUNTIME_DIR when it is this user's own 0700 directory, else in /dev/shm or the
+    temporary directory (sticky: nobody else can rename or replace what we make there)."""
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    parent = runtime if runtime and _private(runtime) else (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix="torch-hang-watchdog-run-", dir=parent)
+
+
+def _private(directory: str) -> bool:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+
+
 def _live_worker_pids(agent: Agent) -> list[int]:
-    return [w.identity.pid for w in agent.table.workers() if w.alive and w.verified]
+    return [w.identity.pid for w in agent.table.workers() if w.alive]
 
 
 async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,

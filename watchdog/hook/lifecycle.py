@@ -18,7 +18,9 @@ from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
 from watchdog.beacon import EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog.beacondir import user_dir
 from watchdog.env import HOOK_PID, beacon_dir, int_env, job_id, short_hostname
+from watchdog.errors import WatchdogError
 from watchdog.hook.post_import import after_import
 from watchdog.hook.recorder import Recorder
 
@@ -54,18 +56,30 @@ def install() -> bool:
     try:
         _recorder = _start(env, pid)
     except Exception as e:
-        print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
+        print(f"torch-hang-watchdog: hook not installed: {_one_line(e)}; training goes on "
+              "without it", file=sys.stderr)
         return False
     return True
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, WatchdogError):
+        return f"{error.args[0]} (fix: {error.hint})" if error.hint else str(error.args[0])
+    return repr(error)
 
 
 def _start(env: Mapping[str, str], pid: int) -> Recorder:
     rank = int(env["RANK"])
     identity = Identity(job_id(env), rank, int_env(env, "LOCAL_RANK", -1), int(env["WORLD_SIZE"]),
                         short_hostname(), pid, time.time())
-    directory = beacon_dir(env)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity)
+    # Kept open for the life of the process: the beacon is made and removed through it.
+    dir_fd, directory = user_dir(beacon_dir(env))
+    try:
+        writer = BeaconWriter(beacon_path(directory, identity.job_id, rank, pid), identity,
+                              dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
     recorder = Recorder(writer, identity)
     recorder.publish()
     os.environ[HOOK_PID] = str(pid)

@@ -79,7 +79,7 @@ class Recorder:
         print(f"torch-hang-watchdog: hook disabled after an internal error: {error!r}",
               file=sys.stderr)
         with contextlib.suppress(OSError):
-            os.unlink(self.writer.path)
+            self.writer.remove()
 
     # enter() and optimizer_stepped() run in every training step, right after the rank waited
     # in a collective: with cold caches each Python call costs about a microsecond there, so
