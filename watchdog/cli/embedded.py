@@ -104,7 +104,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr) -> int:
         _forward_signals(proc.pid, workers, out)
         code = await _wait_job(proc, state, workers)
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
-        report = agent.scan()
+        report = await asyncio.to_thread(agent.scan)
         coordinator.ingest(report, report.sent_at)
         await asyncio.gather(*coordinator.evaluate_all(report.sent_at))
         return code

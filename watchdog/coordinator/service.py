@@ -35,6 +35,7 @@ from watchdog.transport.rpc import AgentMessage, AgentSession
 log = logging.getLogger(__name__)
 
 STACK_WAIT_S = 10.0
+SAVE_WAIT_S = 1.0  # how long an incident waits for the database before it is told anyway
 STACK_INTERVAL_S = 2.0  # a job's stacks at most this often: each dump pauses its ranks
 JOB_RETENTION_S = 600.0
 MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
@@ -212,7 +213,10 @@ class Coordinator:
             if stored is not None:
                 log.info("incident %s was stored before a restart; not repeating it", stored["id"])
                 return
-            await self.saver.save(incident)  # a failure is logged; it is stored later
+            # Stored before anyone hears of it, unless the database keeps it waiting: then it
+            # is told now and stored when it can be (the save goes on; a failure is retried).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.saver.save(incident)), SAVE_WAIT_S)
             log.info("incident %s: %s", incident["id"], printable(incident["summary"]))
             for listener in self.listeners:
                 listener(incident)

@@ -58,7 +58,7 @@ class IncidentStore:
     """
 
     def __init__(self, path: str, keep_count: int = KEEP_COUNT,
-                 keep_days: float = KEEP_DAYS, busy_timeout: float = 5.0) -> None:
+                 keep_days: float = KEEP_DAYS, busy_timeout: float = 1.0) -> None:
         self.path = path
         self.keep_count = keep_count
         self.keep_days = keep_days
