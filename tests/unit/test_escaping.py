@@ -38,12 +38,17 @@ def test_nothing_a_worker_sent_reaches_the_terminal_raw() -> None:
                                          "line": 1}], nccl_log=["\x1b[5mWARN"])
     row["last_collective"]["op"] = "all_reduce\x1b[8m"
     hostile["culprit_ranks"] = [row["rank"]]
+    flag = {"rank": 0, "node": "n\x1b", "host": "h", "pid": 6, "world_size": 9,
+            "reason": "claims world size 9; the job's is 4"}
     status = {"jobs": [{"job_id": hostile["job_id"], "state": "HUNG", "world_size": 4,
-                        "nodes": ["n\x1b"], "ranks": hostile["ranks"], "verdict": hostile}]}
+                        "nodes": ["n\x1b"], "ranks": hostile["ranks"], "verdict": hostile,
+                        "flagged": [flag]}]}
     for text in (render_incident(hostile), render_status(status),
                  render_incident_list([hostile])):
         assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
         assert "job\\x1b]0;pwned\\x07" in text
     assert "h\\x1b[31m" in render_status(status)
+    assert ("flagged, not trusted: rank 0 (pid 6 on n\\x1b): claims world size 9; the job's is "
+            "4") in render_status(status)
     assert "f\\x9b1m" in render_incident(hostile)
     assert "\x1b[" in render_incident(hostile, color=True)  # our own colours still work

@@ -102,6 +102,8 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     lines = [_paint(header, _BOLD, color), rank_table(job["ranks"], culprits, color)]
     if verdict:
         lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + _ALARM, color))
+    lines += [f"flagged, not trusted: rank {f['rank']} (pid {f['pid']} on {f['node']}): "
+              f"{f['reason']}" for f in job.get("flagged", ())]
     return "\n".join(lines)
 
 
