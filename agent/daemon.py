@@ -24,6 +24,7 @@ from agent.workers import Worker, WorkerTable, rank_state
 from watchdog.env import DEFAULT_ADDRESS, DEFAULT_PORT
 from watchdog.errors import WatchdogError
 from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
+from watchdog.text import printable
 from watchdog.transport import AgentMessage, ClientSecurity, CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ class Agent:
         masters = sorted({w.master_addr for w in self.table.workers() if w.master_addr})
         chosen = f"{masters[0]}:{DEFAULT_PORT}" if masters else DEFAULT_ADDRESS
         if chosen != self.coordinator:
-            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)", chosen)
+            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)",
+                     printable(chosen))
             self.coordinator = chosen
 
     async def _session(self, stop: asyncio.Event) -> None:
