@@ -2,8 +2,8 @@
 their beacons and in /proc, reads their progress, takes py-spy stacks and log tails on request,
 and streams node reports to a coordinator.
 
-From `watchdog` it uses only the modules shared by design: `beacon`, `env`, `errors`, `model`,
-`explain` (to pick relevant log lines), `transport` and `metrics`.
+From `watchdog` it uses only the modules shared by design: `beacon`, `beacondir`, `env`, `errors`,
+`model`, `explain` (to pick relevant log lines), `text`, `transport` and `metrics`.
 """
 
 from agent.daemon import Agent

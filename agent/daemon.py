@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
@@ -16,16 +17,17 @@ from typing import Any
 
 import grpc
 
-from agent import procfs
+from agent.budget import StackBudget
 from agent.exits import ExitObserver
 from agent.gpu import GpuSampler
-from agent.logtail import read_tail, relevant_lines
 from agent.stacks import dump_stacks
+from agent.userfiles import worker_logs
 from agent.workers import Worker, WorkerTable, rank_state
 from watchdog import metrics
 from watchdog.env import DEFAULT_ADDRESS, DEFAULT_PORT
 from watchdog.errors import WatchdogError
 from watchdog.model import NodeReport, RankStack, StackReply, StackRequest
+from watchdog.text import printable
 from watchdog.transport import AgentMessage, ClientSecurity, CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,12 @@ class Agent:
         self._outbox: asyncio.Queue[AgentMessage] = asyncio.Queue(OUTBOX_SIZE)
         self.heartbeat = time.monotonic()  # the last scan: the daemon's health
         self._written: float | None = None  # when the stream last took a message; None: down
+        self._stack_budget = StackBudget()
+        self._warned_pinned = False
 
     def scan(self) -> NodeReport:
-        """Refresh the worker table and return the node report for it."""
+        """Refresh the worker table and return the node report for it (blocking: file and /proc
+        reads; the loop runs it in a thread)."""
         now = time.time()
         self.table.refresh(now)
         gpu = self.gpu.utilization()
@@ -94,7 +99,7 @@ class Agent:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             try:
-                self._offer(self.scan())
+                self._offer(await asyncio.to_thread(self.scan))
             except Exception:  # a loop that must not die: log and go on
                 log.exception("scan failed")
             with contextlib.suppress(TimeoutError):
@@ -107,17 +112,26 @@ class Agent:
         self._outbox.put_nowait(message)
 
     def _choose_coordinator(self) -> None:
-        """Without --coordinator: the default port on the MASTER_ADDR of a job seen here."""
+        """Without --coordinator: the default port on the MASTER_ADDR of a job seen here, for
+        an agent of one user without a token in clear. Any user's job names its MASTER_ADDR: a
+        root agent following it would hand every user's reports to that address and take its
+        stack requests (each pauses training), and a token would go to it in clear."""
         if self.configured_coordinator:
             return
-        if self.security is not None and self.security.token and not self.security.credentials:
-            # Any user's job sets MASTER_ADDR: never send the token in plaintext to its choice.
-            log.warning("a token without TLS needs --coordinator; using %s", self.coordinator)
+        token_in_clear = self.security is not None and bool(self.security.token) and (
+            self.security.credentials is None)
+        if os.geteuid() == 0 or token_in_clear:
+            if not self._warned_pinned:
+                self._warned_pinned = True
+                log.warning("%s never follows a job's MASTER_ADDR: using %s (pass --coordinator "
+                            "for another)", "a root agent" if os.geteuid() == 0 else
+                            "an agent with a token and no TLS", self.coordinator)
             return
         masters = sorted({w.master_addr for w in self.table.workers() if w.master_addr})
         chosen = f"{masters[0]}:{DEFAULT_PORT}" if masters else DEFAULT_ADDRESS
         if chosen != self.coordinator:
-            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)", chosen)
+            log.info("coordinator: %s (the MASTER_ADDR of the jobs on this node)",
+                     printable(chosen))
             self.coordinator = chosen
 
     async def _session(self, stop: asyncio.Event) -> None:
@@ -142,55 +156,39 @@ class Agent:
 
     async def _serve(self, request: StackRequest) -> None:
         try:
-            stacks = await self.collect_stacks(request.job_id, request.ranks, request.samples)
+            refusal = self._stack_budget.refuse(request.job_id, time.monotonic())
+            stacks = (await self.collect_stacks(request.job_id, request.ranks, request.samples)
+                      if not refusal
+                      else [RankStack(rank, 0, error=refusal) for rank in request.ranks])
             self._offer(StackReply(request.request_id, self.node, tuple(stacks)))
         except Exception:
             log.exception("stack request %d failed", request.request_id)
 
     async def collect_stacks(self, job_id: str, ranks: tuple[int, ...],
                              samples: int = 1) -> list[RankStack]:
-        """Stacks of the local ranks asked for; only verified, live workers are attached to."""
+        """Stacks of the local ranks asked for; only live workers of the table (verified) are
+        attached to."""
         targets: list[Worker] = []
         refused: list[RankStack] = []
         for rank in ranks:
             worker = self.table.find(job_id, rank)
             if worker is None:
                 continue
-            if worker.verified and worker.alive:
+            if worker.alive:
                 targets.append(worker)
             else:
-                reason = "it has exited" if not worker.alive else "it is not a verified worker"
                 refused.append(RankStack(rank, worker.identity.pid,
-                                         error=f"not attaching: {reason}"))
+                                         error="not attaching: it has exited"))
         started = time.monotonic()
         stacks = await dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
-                                    self.native, samples)
+                                   self.native, samples)
         if targets:
             metrics.STACK_SECONDS.observe(time.monotonic() - started)
             metrics.STACK_FAILURES.inc(sum(1 for stack in stacks if stack.error))
-        with_logs = [replace(stack, nccl_log=_nccl_log(worker), worker_log=_worker_log(worker))
-                     for stack, worker in zip(stacks, targets, strict=True)]
+        logs = await asyncio.gather(*(worker_logs(worker) for worker in targets))
+        with_logs = [replace(stack, nccl_log=nccl, worker_log=output)
+                     for stack, (nccl, output) in zip(stacks, logs, strict=True)]
         return [*with_logs, *refused]
-
-
-def _nccl_log(worker: Worker) -> tuple[str, ...]:
-    """The relevant tail of the worker's NCCL debug file."""
-    return tuple(_relevant_tail(worker.nccl_debug_file)) if worker.nccl_debug_file else ()
-
-
-def _worker_log(worker: Worker) -> tuple[str, ...]:
-    """The relevant tails of the files the worker's output goes to (torchrun --tee or
-    --redirects, or a shell redirect)."""
-    return tuple(line for path in procfs.output_files(worker.identity.pid)
-                 for line in _relevant_tail(path))
-
-
-def _relevant_tail(path: str) -> list[str]:
-    try:
-        return relevant_lines(read_tail(path))
-    except OSError as e:
-        log.warning("cannot read %s: %s", path, e)
-        return []
 
 
 async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:

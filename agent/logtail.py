@@ -1,10 +1,10 @@
 """Tails of log files (NCCL debug files, torchrun's per-rank logs) as evidence; runs in the agent.
 
-Stdlib and the explain classifier only. Reads only the end of a file with positioned reads, so
-the size of the file does not matter. A file that does not exist (never created, already
-rotated away or deleted) gives no lines rather than an error: log evidence is best effort and
-its absence is normal; so does a path that is not a regular file. Other OS errors (permission
-denied) propagate.
+Stdlib and the explain classifier only. Reads only the end of a file with positioned reads
+(`tailfile`, which a helper running as the worker also runs), so the size of the file does not
+matter. A file that does not exist (never created, already rotated away or deleted) gives no
+lines rather than an error: log evidence is best effort and its absence is normal; so does a
+path that is not a regular file. Other OS errors (permission denied) propagate.
 
 Lines come back decoded leniently and printable: NUL bytes (the hole a copytruncate leaves
 before a writer's next line) and ANSI colour codes are removed, other control characters become
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Sequence
 
+from agent.tailfile import open_owned, read_end
 from watchdog.explain.scan import classify_line
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -31,60 +31,28 @@ def _clean(raw: bytes) -> str:
     return _CONTROL.sub("?", text)
 
 
-def _pread(fd: int, start: int, end: int) -> bytes:
-    chunks, at = [], start
-    while at < end:
-        chunk = os.pread(fd, end - at, at)
-        if not chunk:  # the file shrank while we read
-            break
-        chunks.append(chunk)
-        at += len(chunk)
-    return b"".join(chunks)
-
-
-def _lines(data: bytes, starts_mid_line: bool, max_lines: int) -> list[str]:
-    raw = data.split(b"\n")
-    if starts_mid_line:
+def tail_lines(start: int, data: bytes, max_lines: int = 200) -> list[str]:
+    """The complete lines of a span that `tailfile.read_end` read (`data` begins one byte
+    before `start` unless `start` is 0): a partial first line is dropped, the last one kept
+    even if its writer has not finished it."""
+    mid_line = start > 0 and not data.startswith(b"\n")
+    raw = (data[1:] if start > 0 else data).split(b"\n")
+    if mid_line:
         raw = raw[1:]
     cleaned = (_clean(line) for line in raw)
     return [line for line in cleaned if line.strip()][-max_lines:]
 
 
-def _open_regular(path: str) -> int | None:
-    """A descriptor for `path` if it is a regular file; None if it is missing or is a pipe, a
-    terminal or a device (NCCL_DEBUG_FILE=/dev/stdout): reading those would block or steal
-    another reader's data."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
-
-
-def _read_span(fd: int, start: int, end: int) -> tuple[bytes, bool]:
-    """Bytes [start, end) and whether `start` is inside a line (its head is not included)."""
-    if start == 0:
-        return _pread(fd, 0, end), False
-    data = _pread(fd, start - 1, end)
-    return data[1:], not data.startswith(b"\n")
-
-
-def read_tail(path: str, max_bytes: int = 256 * 1024, max_lines: int = 200) -> list[str]:
-    """The last complete lines of `path` (at most `max_bytes` read, `max_lines` returned).
-
-    A partial first line is dropped; the last line is kept even if its writer has not finished
-    it. A missing file, or one that is not a regular file, gives [].
-    """
-    fd = _open_regular(path)
+def read_tail(path: str, max_bytes: int = 256 * 1024, max_lines: int = 200,
+              owner: int | None = None, follow: bool = True) -> list[str]:
+    """The last complete lines of `path` (at most `max_bytes` read, `max_lines` returned),
+    read in this process. A missing file, or one that is not a regular file, gives [];
+    `owner` and `follow` as `tailfile.open_owned` takes them."""
+    fd = open_owned(path, owner, follow)
     if fd is None:
         return []
     try:
-        size = os.fstat(fd).st_size
-        data, mid_line = _read_span(fd, max(0, size - max_bytes), size)
-        return _lines(data, mid_line, max_lines)
+        return tail_lines(*read_end(fd, max_bytes), max_lines=max_lines)
     finally:
         os.close(fd)
 

@@ -1,25 +1,30 @@
 """The agent's table of training processes on this node: beacons, liveness, exits.
 
-A worker is *verified* when its beacon, its /proc environment and its start time agree (for a
-rank started without RANK in its environment, by torch.multiprocessing.spawn: when it maps its
-beacon for writing); only verified, live workers are ever handed to py-spy.
+A worker is *verified* when its process runs as the beacon's owner, started before the beacon
+was made, holds the beacon mapped or open, and has the beacon's RANK and WORLD_SIZE in its
+environment (`agent.verify`; a rank torch.multiprocessing.spawn started has no RANK there: it
+became the rank when it called init_process_group, in the process that holds the beacon). Only
+verified workers enter the table, so only they are reported, handed to py-spy or have their
+files read; a beacon that fails is remembered (so it is not examined again until it changes)
+and logged once. Torchrun workers without a hook are taken when they and their torchrun run as
+one user. The table is refreshed in a thread, off the agent's event loop: every access holds
+its lock.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
-import mmap
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from agent import activity, exits, procfs
+from agent import activity, beaconfiles, exits, procfs, verify
 from agent.logtail import expand_nccl_debug_file
 from watchdog import beacon
 from watchdog import env as _env
-from watchdog.errors import BeaconError, BeaconNotReadyError
+from watchdog.errors import BeaconError
 from watchdog.model import (
     NO_ACTIVITY,
     NO_EVIDENCE,
@@ -31,13 +36,13 @@ from watchdog.model import (
     GroupProgress,
     RankState,
 )
+from watchdog.text import printable
 
 log = logging.getLogger(__name__)
 
 STALE_BEACON_S = 60.0  # a beacon whose process died this long ago belongs to an old job
 EXITED_RETENTION_S = 300.0  # keep reporting an exited worker this long, then forget it
 UNHOOKED_SCAN_S = 2.0
-NOT_READY_S = 5.0
 # Reports that carry a rank's fingerprints after it took a new one: a few, in case one is shed
 # on the way; every report would double the coordinator's cost of decoding a rank's state.
 FINGERPRINT_REPORTS = 5
@@ -45,13 +50,14 @@ FINGERPRINT_REPORTS = 5
 
 @dataclass
 class Worker:
+    """A verified training process."""
+
     identity: beacon.Identity  # from its beacon, or from its environment without a hook
     start_ticks: int
-    verified: bool
     beacon_path: str = ""  # empty: a torchrun worker without the hook (stacks only)
     nccl_debug_file: str = ""  # NCCL_DEBUG_FILE with %h and %p expanded, if the worker set it
     master_addr: str = ""  # the job's rendezvous host: where its coordinator runs by default
-    mapping: mmap.mmap | None = None
+    fd: int | None = None  # the beacon, open read-only
     snapshot: beacon.BeaconSnapshot | None = None
     exited_at: float | None = None
     window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
@@ -61,6 +67,8 @@ class Worker:
     oom_killed: bool = False
     fingerprints_taken: int = 0  # how many the beacon said its rank had taken, last report
     fingerprint_reports: int = 0  # reports that still carry them
+    owner: verify.Credentials | None = None  # its files are read with these credentials
+    found: beaconfiles.Found | None = None  # where its beacon was found
 
     @property
     def alive(self) -> bool:
@@ -69,6 +77,11 @@ class Worker:
     def sample(self, now: float, stat: procfs.ProcStat, gpu_util: float | None) -> Activity:
         """Read the process's counters; its activity over the last few seconds."""
         return self.window.add(activity.read(self.identity.pid, now, stat), gpu_util)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class WorkerTable:
@@ -79,29 +92,41 @@ class WorkerTable:
         self._proc = proc
         self.exits = observer or exits.ExitObserver(None, None)
         self._boot = procfs.boot_time(proc)
+        self._lock = threading.Lock()
         self._by_path: dict[str, Worker] = {}
         self._unhooked: dict[int, Worker] = {}
-        self._ignored: set[str] = set()
+        # Beacons refused, by path, with the file's signature then: looked at again on change.
+        self._refused: dict[str, tuple[int, int, int]] = {}
+        self._refused_before: set[str] = set()  # already logged
         self._last_unhooked_scan = 0.0
 
     def workers(self) -> list[Worker]:
+        with self._lock:
+            return self._all()
+
+    def _all(self) -> list[Worker]:
         return [*self._by_path.values(), *self._unhooked.values()]
 
     def refresh(self, now: float) -> None:
         """One pass: new beacons, fresh snapshots, exits. Errors are per worker, never fatal."""
-        for path in sorted(glob.glob(os.path.join(self.beacon_dir, "*.beacon"))):
-            if path not in self._by_path and path not in self._ignored:
-                self._discover(path, now)
-        self.exits.drain({w.identity.pid for w in self.workers()})
-        for worker in list(self._by_path.values()):
-            self._update(worker, now)
-        if self._scan_unhooked and now - self._last_unhooked_scan >= UNHOOKED_SCAN_S:
-            self._last_unhooked_scan = now
-            self._scan_proc(now)
-        for worker in self.workers():
-            if not worker.alive and worker.exit_status is None:
-                self._learn_exit(worker)
-        self._forget_old(now)
+        found = {f.path: f for f in beaconfiles.scan(self.beacon_dir)}
+        with self._lock:
+            self._refused = {path: signature for path, signature in self._refused.items()
+                             if path in found and found[path].signature == signature}
+            self._refused_before &= found.keys()
+            for path, entry in sorted(found.items()):
+                if path not in self._by_path and path not in self._refused:
+                    self._discover(entry, now)
+            self.exits.drain({w.identity.pid for w in self._all()})
+            for worker in list(self._by_path.values()):
+                self._update(worker, now)
+            if self._scan_unhooked and now - self._last_unhooked_scan >= UNHOOKED_SCAN_S:
+                self._last_unhooked_scan = now
+                self._scan_proc(now)
+            for worker in self._all():
+                if not worker.alive and worker.exit_status is None:
+                    self._learn_exit(worker)
+            self._forget_old(now)
 
     def find(self, job_id: str, rank: int) -> Worker | None:
         for worker in self.workers():
@@ -109,51 +134,59 @@ class WorkerTable:
                 return worker
         return None
 
-    def _discover(self, path: str, now: float) -> None:
+    def _refuse(self, found: beaconfiles.Found, why: str) -> None:
+        """Remember a refused beacon until it changes; say so once per file."""
+        level = logging.DEBUG if found.path in self._refused_before else logging.WARNING
+        log.log(level, "ignoring %s: %s", printable(found.path), printable(why))
+        self._refused[found.path] = found.signature
+        self._refused_before.add(found.path)
+
+    def _discover(self, found: beaconfiles.Found, now: float) -> None:
         try:
-            mapping, snap = _open_new(path, now)
-        except BeaconNotReadyError:
-            return  # its writer is creating it: the next scan reads it
+            fd, st = beaconfiles.open_beacon(found)
         except BeaconError as e:
-            log.warning("ignoring %s: %s", path, e)
-            self._ignored.add(path)
+            self._refuse(found, str(e).split("\n")[0])
+            return
+        try:
+            snap = beaconfiles.read(fd)
+        except (BeaconError, OSError) as e:
+            os.close(fd)
+            self._refuse(found, str(e).split("\n")[0])
             return
         ident = snap.identity
         stat = procfs.read_stat(ident.pid, self._proc)
         last_sign_of_life = max(snap.heartbeat, snap.exited_at)
         if (stat is None or stat.gone) and now - last_sign_of_life > STALE_BEACON_S:
-            mapping.close()
-            _remove_quietly(path)  # left behind by a job that ended while no agent watched
+            os.close(fd)
+            # Left behind by a job that ended while no agent watched (or killed with SIGKILL).
+            if not beaconfiles.remove(found):
+                self._refuse(found, "its process is gone, and the file is not ours to remove")
             return
-        env = procfs.read_environ(ident.pid, self._proc) if stat is not None else None
-        worker = Worker(ident, stat.start_ticks if stat else 0,
-                        self._verify(ident, stat, env, path), path,
-                        _nccl_debug_file(env, ident.pid),
-                        (env or {}).get("MASTER_ADDR", ""), mapping, snap)
+        why = _impossible(ident) or verify.refuse_beacon_writer(
+            ident.pid, st, ident.created_at, self._boot, self._proc)
+        env = None if why else procfs.read_environ(ident.pid, self._proc)
+        why = why or verify.refuse_environment(env, ident.rank, ident.world_size)
+        if why:
+            os.close(fd)
+            self._refuse(found, f"not a verified worker: {why}")
+            return
+        worker = Worker(ident, stat.start_ticks if stat else 0, found.path,
+                        _nccl_debug_file(env, ident.pid), (env or {}).get("MASTER_ADDR", ""),
+                        fd, snap, owner=verify.credentials(ident.pid, self._proc), found=found)
         self._watch_oom(worker)
         self._unhooked.pop(ident.pid, None)
-        self._by_path[path] = worker
-        log.info("tracking rank %d of job %s (pid %d, verified=%s)", ident.rank, ident.job_id,
-                 ident.pid, worker.verified)
-
-    def _verify(self, ident: beacon.Identity, stat: procfs.ProcStat | None,
-                env: dict[str, str] | None, path: str) -> bool:
-        """The pid is the process that wrote this beacon: a torchrun worker with the beacon's
-        RANK, or a process started without RANK that maps the beacon for writing."""
-        if stat is None or stat.gone or env is None:
-            return False
-        if procfs.start_time(stat, self._boot) > ident.created_at + 2.0:
-            return False  # pid reused by a newer process
-        if "RANK" in env:
-            return env["RANK"] == str(ident.rank)
-        return procfs.maps_for_writing(ident.pid, path, self._proc)
+        self._by_path[found.path] = worker
+        log.info("tracking rank %d of job %s (pid %d)", ident.rank, printable(ident.job_id),
+                 ident.pid)
 
     def _update(self, worker: Worker, now: float) -> None:
-        if worker.mapping is not None:
+        if worker.fd is not None:
             try:
-                worker.snapshot = beacon.read_beacon(worker.mapping)
-            except BeaconError as e:
-                log.warning("rank %d of %s: %s", worker.identity.rank, worker.identity.job_id, e)
+                worker.snapshot = beaconfiles.read(worker.fd)
+            except (BeaconError, OSError) as e:
+                if worker.alive:
+                    log.warning("rank %d of %s: %s", worker.identity.rank,
+                                printable(worker.identity.job_id), str(e).split("\n")[0])
         if worker.alive and not self._still_running(worker):
             self._exited(worker, now)
 
@@ -168,7 +201,8 @@ class WorkerTable:
         else:
             worker.exited_at = event[1] if event is not None else now
         ident = worker.identity
-        log.info("rank %d of job %s (pid %d) exited", ident.rank, ident.job_id, ident.pid)
+        log.info("rank %d of job %s (pid %d) exited", ident.rank, printable(ident.job_id),
+                 ident.pid)
 
     def _still_running(self, worker: Worker) -> bool:
         stat = procfs.read_stat(worker.identity.pid, self._proc)
@@ -214,9 +248,16 @@ class WorkerTable:
                 self._exited(worker, now)
 
     def _unhooked_worker(self, pid: int) -> Worker | None:
+        """A torchrun worker without a hook. It is the user's own process (it and its torchrun
+        run as one user, no setuid), so attaching to it or reading its files as that user
+        does nothing its owner could not."""
         stat = procfs.read_stat(pid, self._proc)
         if stat is None or stat.gone or not procfs.is_torchrun(
                 procfs.read_cmdline(stat.ppid, self._proc)):
+            return None
+        owner = verify.credentials(pid, self._proc)
+        launcher = verify.credentials(stat.ppid, self._proc)
+        if owner is None or launcher is None or launcher.uid != owner.uid:
             return None
         env = procfs.read_environ(pid, self._proc)
         if env is None or not _env.is_torchrun_worker(env) or env.get(_env.AUTOINSTALL) == "1":
@@ -225,9 +266,10 @@ class WorkerTable:
             _env.job_id(env), _env.int_env(env, "RANK", 0), _env.int_env(env, "LOCAL_RANK", 0),
             _env.int_env(env, "WORLD_SIZE", 1), _env.short_hostname(), pid,
             procfs.start_time(stat, self._boot), _env.int_env(env, _env.ATTEMPT, 0))
-        worker = Worker(identity, stat.start_ticks, verified=True,
-                        nccl_debug_file=_nccl_debug_file(env, pid),
-                        master_addr=env.get("MASTER_ADDR", ""))
+        if _impossible(identity):
+            return None
+        worker = Worker(identity, stat.start_ticks, nccl_debug_file=_nccl_debug_file(env, pid),
+                        master_addr=env.get("MASTER_ADDR", ""), owner=owner)
         self._watch_oom(worker)
         return worker
 
@@ -239,30 +281,21 @@ class WorkerTable:
             del self._unhooked[pid]
         for path in [path for path, w in self._by_path.items() if expired(w)]:
             worker = self._by_path.pop(path)
-            if worker.mapping is not None:
-                worker.mapping.close()
-            _remove_quietly(path)
+            worker.close()
+            if worker.found is not None:
+                beaconfiles.remove(worker.found)
 
 
-def _open_new(path: str, now: float) -> tuple[mmap.mmap, beacon.BeaconSnapshot]:
-    """A beacon just found, mapped, and its first snapshot. One its writer has not finished
-    creating raises BeaconNotReadyError, until NOT_READY_S after it was last written: then it
-    never will be."""
-    try:
-        mapping = beacon.open_beacon(path)
-        try:
-            return mapping, beacon.read_beacon(mapping)
-        except BeaconError:
-            mapping.close()
-            raise
-    except BeaconNotReadyError as e:
-        try:
-            young = now - os.stat(path).st_mtime < NOT_READY_S
-        except OSError:
-            young = False
-        if young:
-            raise
-        raise BeaconError(f"still not written {NOT_READY_S:.0f} s after its creation") from e
+def _impossible(ident: beacon.Identity) -> str:
+    """Why an identity cannot be a rank of any job (the coordinator would refuse the whole
+    report that carried it); "" when it can."""
+    if not ident.job_id:
+        return "no job id"
+    if not 0 < ident.world_size <= beacon.MAX_WORLD or not 0 <= ident.rank < ident.world_size:
+        return f"rank {ident.rank} of world size {ident.world_size}"
+    if not -1 <= ident.local_rank < beacon.MAX_WORLD:
+        return f"local rank {ident.local_rank}"
+    return ""
 
 
 def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
@@ -275,13 +308,6 @@ def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
 def _nccl_debug_file(env: dict[str, str] | None, pid: int) -> str:
     pattern = (env or {}).get("NCCL_DEBUG_FILE", "")
     return expand_nccl_debug_file(pattern, _env.short_hostname(), pid) if pattern else ""
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError as e:
-        log.debug("could not remove %s: %s", path, e)
 
 
 def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = None) -> RankState:

@@ -22,7 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchdog.errors import BeaconError, BeaconNotReadyError
+from watchdog import beacondir
+from watchdog.errors import BeaconError
 
 MAGIC = b"THWBEACN"
 VERSION = 3  # 2: the publisher's progress stamp and gap statistics; 3: the start-up region
@@ -259,10 +260,13 @@ class BeaconWriter:
 
     __slots__ = (
         "_bytes",
+        "_dir_fd",
         "_doubles",
         "_lock",
         "_mm",
+        "_name",
         "_ops",
+        "_own_dir_fd",
         "_seq",
         "_slots",
         "_steps",
@@ -270,16 +274,25 @@ class BeaconWriter:
         "path",
     )
 
-    def __init__(self, path: str, identity: Identity) -> None:
+    def __init__(self, path: str, identity: Identity, dir_fd: int | None = None) -> None:
+        """Create the beacon at `path` (its name only, within the directory `dir_fd`, when
+        given), its space reserved: BeaconError when it cannot be (a full /dev/shm)."""
         if sys.byteorder != "little":
             raise BeaconError("beacons are little-endian; this host is not")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.path = path
+        self._name = os.path.basename(path)
+        self._own_dir_fd = dir_fd is None
+        self._dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY
+                               | os.O_CLOEXEC) if dir_fd is None else dir_fd
         try:
-            os.ftruncate(fd, SIZE)
+            fd = beacondir.create_beacon_file(self._dir_fd, self._name, SIZE)
+        except BaseException:
+            self._close_dir()
+            raise
+        try:
             self._mm = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        self.path = path
         self._bytes = memoryview(self._mm)
         self._words = self._bytes.cast("Q")  # aligned 8-byte stores
         self._doubles = self._bytes.cast("d")
@@ -290,6 +303,7 @@ class BeaconWriter:
         self._steps = 0
         self.write_identity(identity)
         _HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SIZE)  # last: readers see a whole record
+        beacondir.publish_beacon_file(self._dir_fd, self._name)
 
     def _begin(self) -> None:
         self._seq += 1
@@ -411,11 +425,21 @@ class BeaconWriter:
     def heartbeat(self, now: float) -> None:
         self._doubles[OFF_HEARTBEAT // 8] = now
 
+    def remove(self) -> None:
+        """Delete the beacon file (through its directory's descriptor: never another file)."""
+        os.unlink(self._name, dir_fd=self._dir_fd)
+
     def close(self) -> None:
         self._words.release()
         self._doubles.release()
         self._bytes.release()
         self._mm.close()
+        self._close_dir()
+
+    def _close_dir(self) -> None:
+        if self._own_dir_fd:
+            os.close(self._dir_fd)
+            self._own_dir_fd = False
 
 
 def _parse_checks(data: bytes) -> CheckState:
@@ -471,8 +495,6 @@ def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
 
 def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
     """A consistent snapshot of a beacon, or BeaconError if it is not one or never settles."""
-    if buf[:len(MAGIC)] == bytes(len(MAGIC))[:len(buf)]:  # the header is written last
-        raise BeaconNotReadyError(f"beacon not written yet ({len(buf)} bytes)")
     if len(buf) < SIZE:
         raise BeaconError(f"beacon is {len(buf)} bytes, expected {SIZE}")
     magic, version, recorded_size = _HEADER.unpack_from(buf, 0)
@@ -501,8 +523,6 @@ def open_beacon(path: str) -> mmap.mmap:
     """Map a beacon read-only; the mapping stays valid after the writer exits."""
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise BeaconNotReadyError(f"cannot map beacon {path}: empty, not written yet")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise BeaconError(f"cannot map beacon {path}: {e}") from e

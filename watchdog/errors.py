@@ -42,12 +42,6 @@ class BeaconError(WatchdogError):
             "restart the job with this one")
 
 
-class BeaconNotReadyError(BeaconError):
-    """A beacon file whose writer has not finished creating it: read it again later."""
-
-    hint = "its rank is starting: the agent reads it again at its next scan"
-
-
 class PySpyMissingError(WatchdogError):
     """py-spy is not installed or not on PATH."""
 

@@ -1,13 +1,16 @@
-"""Wording shared by every message for people: clock times and rank lists (any process).
+"""Wording shared by every message for people: clock times, rank lists, and escaping of
+text that came from workers (any process).
 
 One rank-list formatter serves verdicts, tables and `watchdog explain`, so a job's ranks read the
-same wherever they appear.
+same wherever they appear; one escaper keeps every string a worker or an agent chose from
+driving the terminal that shows it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 
 def clock(unix_seconds: float) -> str:
@@ -29,3 +32,32 @@ def ranks_text(ranks: Iterable[int]) -> str:
             parts.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)))
             start = end
     return f"ranks {','.join(parts)}"
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: every character that is not printable (ESC and the other C0
+    and C1 controls, DEL, bidirectional overrides, line and paragraph separators) becomes an
+    escape such as `\\x1b` or `\\u202e`; a plain space stays. Job ids, host, node, op, group and
+    frame names, log lines: anything a worker or an agent sent passes here before a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def printable_tree(value: Any) -> Any:
+    """A copy of a JSON-shaped value (dicts, lists, strings, numbers) with every string, keys
+    included, passed through `printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_tree(v) for v in value]
+    return value

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.stacks import find_py_spy
+from watchdog.errors import PtraceDeniedError
+
 JOB_TIMEOUT_S = 240
 WATCHDOG = [sys.executable, "-m", "watchdog"]
 
@@ -69,3 +72,18 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
     listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
                             capture_output=True, text=True, check=True)
     return list(reversed(json.loads(listed.stdout)))
+
+
+def preflight() -> None:
+    """py-spy dumps a child of this process, as the agent dumps a worker; WatchdogError if not."""
+    py_spy = find_py_spy()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dump = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True,
+                              text=True, timeout=30)
+    finally:
+        child.kill()
+        child.wait()
+    if dump.returncode != 0:
+        raise PtraceDeniedError(f"py-spy could not attach to a process it started: "
+                                f"{dump.stderr.strip() or dump.stdout.strip()}")

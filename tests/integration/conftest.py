@@ -4,34 +4,17 @@ py-spy is missing or the kernel forbids attaching to a process."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _browser import chromium
-from _harness import JOB_TIMEOUT_S, WatchedRun, job_env, run_command, watched_run
+from _harness import JOB_TIMEOUT_S, WatchedRun, job_env, preflight, run_command, watched_run
 
-from agent.stacks import find_py_spy
 from watchdog.cli.demo import torchrun_command
 from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import PtraceDeniedError, PySpyMissingError, WatchdogError
-
-
-def preflight() -> None:
-    """py-spy dumps a child of this process, as the agent dumps a worker; WatchdogError if not."""
-    py_spy = find_py_spy()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        dump = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True,
-                              text=True, timeout=30)
-    finally:
-        child.kill()
-        child.wait()
-    if dump.returncode != 0:
-        raise PtraceDeniedError(f"py-spy could not attach to a process it started: "
-                                f"{dump.stderr.strip() or dump.stdout.strip()}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

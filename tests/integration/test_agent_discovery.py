@@ -19,8 +19,10 @@ from agent.procfs import output_files
 WORKER = """
 import os, sys, time
 from watchdog.beacon import BeaconWriter, Identity, beacon_path
+from watchdog.beacondir import user_dir
 identity = Identity("job-x", 3, 1, 4, "host", os.getpid(), time.time())
-writer = BeaconWriter(beacon_path(sys.argv[1], "job-x", 3, os.getpid()), identity)
+fd, directory = user_dir(sys.argv[1])
+writer = BeaconWriter(beacon_path(directory, "job-x", 3, os.getpid()), identity, fd)
 writer.heartbeat(time.time())
 print("ready", flush=True)
 sys.stdin.read()
@@ -45,7 +47,7 @@ def test_agent_finds_verifies_and_sees_the_exit(worker: subprocess.Popen[str],
     (state,) = agent.scan().ranks
     assert (state.job_id, state.rank, state.pid, state.hooked) == ("job-x", 3, worker.pid, True)
     assert state.alive and state.proc_state in ("S", "R")
-    assert agent.table.find("job-x", 3).verified  # type: ignore[union-attr]
+    assert agent.table.find("job-x", 3) is not None  # verified
     worker.kill()
     worker.wait()
     (state,) = agent.scan().ranks
@@ -54,13 +56,14 @@ def test_agent_finds_verifies_and_sees_the_exit(worker: subprocess.Popen[str],
     assert state.exited_at is not None and state.exited_at <= time.time()
 
 
-def test_agent_without_coordinator_uses_the_jobs_master_addr(worker: subprocess.Popen[str],
-                                                            tmp_path: Path) -> None:
+def test_a_root_agent_never_follows_a_jobs_master_addr(worker: subprocess.Popen[str],
+                                                       tmp_path: Path) -> None:
+    """Any user's job names its MASTER_ADDR: a root agent stays on loopback (or --coordinator)."""
+    assert os.geteuid() == 0
     agent = Agent(None, str(tmp_path), "node-a", scan_unhooked=False)
-    assert agent.coordinator == "127.0.0.1:29450"
-    agent.scan()
+    assert agent.scan().ranks[0].job_id == "job-x"  # the job with MASTER_ADDR 10.9.8.7 is seen
     agent._choose_coordinator()
-    assert agent.coordinator == "10.9.8.7:29450"
+    assert agent.coordinator == "127.0.0.1:29450"
     pinned = Agent("coord:1234", str(tmp_path), "node-a", scan_unhooked=False)
     pinned.scan()
     pinned._choose_coordinator()
@@ -74,9 +77,8 @@ def test_a_beacon_whose_rank_disagrees_with_the_process_is_not_verified(tmp_path
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         agent = Agent(None, str(tmp_path), "node-a", scan_unhooked=False)
-        agent.scan()
-        worker = agent.table.find("job-x", 3)
-        assert worker is not None and not worker.verified
+        assert agent.scan().ranks == ()  # never reported, never attached to
+        assert agent.table.find("job-x", 3) is None
     finally:
         proc.kill()
         proc.wait()

@@ -39,7 +39,7 @@ def hooked_env(beacon_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def beacons(beacon_dir: Path) -> dict[int, BeaconSnapshot]:
-    snaps = [read_beacon(open_beacon(p)) for p in glob.glob(f"{beacon_dir}/*.beacon")]
+    snaps = [read_beacon(open_beacon(p)) for p in glob.glob(f"{beacon_dir}/*/*.beacon")]
     return {s.identity.rank: s for s in snaps}
 
 
@@ -62,7 +62,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         env=hooked_env(tmp / "beacons", PROBE_OUT=str(out)), capture_output=True, text=True,
         timeout=180, cwd=tmp)
     assert run.returncode == 0, run.stdout + run.stderr
-    return {"files": sorted(os.listdir(tmp / "beacons")), "beacons": beacons(tmp / "beacons"),
+    return {"files": sorted(glob.glob(f"{tmp}/beacons/*/*")), "beacons": beacons(tmp / "beacons"),
             "ranks": {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}}
 
 
@@ -138,7 +138,7 @@ def test_publisher_thread_shows_progress_while_the_rank_runs(tmp_path: Path) -> 
     code = ("import glob, os, time, watchdog\n"
             "from watchdog.beacon import open_beacon, read_beacon\n"
             "watchdog.install(); watchdog.step(); watchdog.step()\n"
-            "(path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*')\n"
+            "(path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*/*.beacon')\n"
             "deadline = time.monotonic() + 10\n"
             "while read_beacon(open_beacon(path)).steps < 2 and time.monotonic() < deadline:\n"
             "    time.sleep(0.01)\n"
@@ -182,7 +182,7 @@ def test_forked_child_never_writes_the_rank_beacon(tmp_path: Path) -> None:
             "    watchdog.step(); print(watchdog.install()); sys.exit(0)\n"
             "os.waitpid(pid, 0)\n"
             "import glob; from watchdog.beacon import open_beacon, read_beacon\n"
-            "(path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*')\n"
+            "(path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*/*.beacon')\n"
             "snap = read_beacon(open_beacon(path))\n"
             "print(snap.steps, snap.exit_state)")
     run = run_python(code, hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))

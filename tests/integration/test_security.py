@@ -280,7 +280,7 @@ def test_garbage_is_logged_in_one_line(open_door: Daemon) -> None:
     assert "Traceback" not in log
 
 
-def test_a_listener_beyond_loopback_without_token_is_warned_about(
+def test_without_a_token_only_loopback_is_served_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def listen(address: str) -> None:
         store = IncidentStore(str(tmp_path / "i.db"))
@@ -289,10 +289,14 @@ def test_a_listener_beyond_loopback_without_token_is_warned_about(
         store.close()
 
     with caplog.at_level(logging.WARNING, logger="watchdog.transport.rpc"):
-        asyncio.run(listen("127.0.0.1:0"))
+        asyncio.run(listen(f"unix:{tmp_path}/c.sock"))
         assert "without a token" not in caplog.text
-        asyncio.run(listen("0.0.0.0:0"))
-    assert "listening on 0.0.0.0:0 without a token" in caplog.text
+        asyncio.run(listen("127.0.0.1:0"))
+        with pytest.raises(UsageError, match=r"listening on 0\.0\.0\.0:0 without a token would "
+                                             "let anyone who reaches it read every job"):
+            asyncio.run(listen("0.0.0.0:0"))
+    assert ("listening on 127.0.0.1:0 without a token: only root and uid 0 on this machine may "
+            "call it") in caplog.text
 
 
 # -- TLS -------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from watchdog.cli.demo import free_port
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 BINARY = "/opt/torch-hang-watchdog/bin/watchdog"
 EXPOSURE_LIMIT = {"agent": 5.0, "coordinator": 3.0}
-AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL"}
+AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"}
 UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 SYSTEM_PYTHON = "/usr/bin/python3"
 STARTUP_S = 60
@@ -129,8 +129,8 @@ def test_the_tmpfiles_entry_makes_a_root_owned_sticky_beacon_directory(tmp_path:
 # -- the agent's capabilities, against a process and a beacon of another user -----------------
 
 PROBE = """
-import os, signal, subprocess, sys
-from agent import procfs
+import asyncio, os, signal, subprocess, sys
+from agent import procfs, userfiles, verify
 pid, beacon, private, py_spy = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 def attempt(name, action):
     try:
@@ -148,18 +148,24 @@ attempt("signal", lambda: os.kill(pid, signal.SIGCONT))
 attempt("remove", lambda: os.remove(beacon))
 attempt("read_private", lambda: open(private, "rb").read())
 attempt("fd_links", lambda: os.listdir(f"/proc/{pid}/fd"))
+def read_as_owner():  # how the agent reads a worker's log
+    owner = verify.credentials(pid)
+    assert asyncio.run(userfiles.tail_as(owner, private, follow=False)) == ["x"]
+attempt("read_as_owner", read_as_owner)
 """
 
 
 @pytest.fixture
 def other_users_worker() -> Iterator[tuple[int, Path]]:
     """A Python process of `nobody` (the system's interpreter: this one's may sit in a home
-    `nobody` cannot enter), and a sticky 1777 directory like the beacon directory."""
+    `nobody` cannot enter), and a sticky 1777 directory like the beacon directory, in which
+    `nobody` made its own, as its ranks do."""
     with tempfile.TemporaryDirectory(prefix="watchdog-caps-") as top:
         Path(top).chmod(0o755)
         shared = Path(top) / "beacons"
         shared.mkdir()
         shared.chmod(0o1777)
+        subprocess.run([*UNPRIVILEGED, "mkdir", "-m", "755", str(shared / "nobody")], check=True)
         proc = subprocess.Popen([*UNPRIVILEGED, SYSTEM_PYTHON, "-c",
                                  "import time; print(flush=True); time.sleep(60)"],
                                 stdout=subprocess.PIPE, env={"MARK": "worker"},
@@ -175,7 +181,7 @@ def other_users_worker() -> Iterator[tuple[int, Path]]:
 def probe(caps: set[str], pid: int, shared: Path) -> dict[str, str]:
     """What root can do to `nobody`'s process and files holding `caps` alone, as the unit's
     CapabilityBoundingSet= and NoNewPrivileges= leave it."""
-    beacon = shared / f"job.rank0.pid{pid}.beacon"
+    beacon = shared / "nobody" / f"job.rank0.pid{pid}.beacon"
     private = shared / "private"
     for path, mode in ((beacon, 0o644), (private, 0o600)):
         subprocess.run([*UNPRIVILEGED, "sh", "-c", f"umask 077; echo x > {path}; chmod "
@@ -193,13 +199,14 @@ def test_the_agents_capabilities_are_enough_and_each_is_needed(
         other_users_worker: tuple[int, Path]) -> None:
     pid, shared = other_users_worker
     caps = Unit.read("agent").capabilities()
-    # A stale beacon goes without CAP_FOWNER: root owns the sticky directory. Not a file of
-    # another user that it did not make readable, nor the links to that user's open files (no
-    # CAP_DAC_READ_SEARCH): other users' worker log tails are out of its reach.
+    # Not a file of another user that it did not make readable, nor the links to that user's
+    # open files, nor a file in that user's own beacon directory (no CAP_DAC_READ_SEARCH or
+    # CAP_DAC_OVERRIDE); a worker's own log, as that worker, through the helper.
     assert probe(caps, pid, shared) == {"ptrace": "ok", "environ": "ok", "signal": "ok",
-                                        "remove": "ok", "read_private": "denied",
-                                        "fd_links": "denied"}
-    need = {"CAP_SYS_PTRACE": ("ptrace", "environ"), "CAP_KILL": ("signal",)}
+                                        "remove": "denied", "read_private": "denied",
+                                        "fd_links": "denied", "read_as_owner": "ok"}
+    need = {"CAP_SYS_PTRACE": ("ptrace", "environ"), "CAP_KILL": ("signal",),
+            "CAP_SETUID": ("read_as_owner",), "CAP_SETGID": ("read_as_owner",)}
     for cap, actions in need.items():
         without = probe(caps - {cap}, pid, shared)
         assert all(without[action] == "denied" for action in actions), (cap, without)

@@ -39,8 +39,13 @@ class Rows(Dataset[torch.Tensor]):
 
 
 def phase_of(pid: int) -> str:
-    path = beacon_path(beacon_dir(), job_id(), int(os.environ["RANK"]), pid)
+    path = beacon_path(own_beacon_dir(), job_id(), int(os.environ["RANK"]), pid)
     return read_beacon(open_beacon(path)).phase
+
+
+def own_beacon_dir() -> str:
+    """This user's subdirectory of the beacon directory, where the hook writes."""
+    return os.path.join(beacon_dir(), str(os.geteuid()))
 
 
 def own_phase() -> str:
@@ -51,7 +56,7 @@ def own_pair_progress() -> list[int]:
     """This rank's (entered, completed) seqs with its peer, as the agent would read them now."""
     assert watchdog.hook.lifecycle._recorder is not None
     watchdog.hook.lifecycle._recorder.publish()
-    path = beacon_path(beacon_dir(), job_id(), int(os.environ["RANK"]), os.getpid())
+    path = beacon_path(own_beacon_dir(), job_id(), int(os.environ["RANK"]), os.getpid())
     (pair,) = [g for g in read_beacon(open_beacon(path)).groups if ":p2p:" in g.name]
     return [pair.entered_seq, pair.completed_seq]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,12 +13,14 @@ from watchdog.transport.auth import (
     TOKEN_ENV,
     TOKEN_HEADER,
     ClientSecurity,
-    TokenCheck,
+    ServerSecurity,
     client_security,
     is_loopback,
     load_token,
     server_security,
 )
+from watchdog.transport.peers import loopback_caller_uid, parse_peer, socket_owner
+from watchdog.transport.roles import CONNECT, STATUS, Guard, Role, allowed_roles
 
 
 def _token_file(tmp_path: Path, text: str, mode: int = 0o600) -> str:
@@ -88,7 +92,32 @@ def test_client_sends_the_token_as_bearer_metadata() -> None:
     (None, False),
 ])
 def test_token_check_accepts_only_the_exact_token(metadata: object, accepted: bool) -> None:
-    assert TokenCheck("right-token").accepts(metadata) is accepted
+    assert Guard({Role.READER: "right-token"}).roles(metadata) == (
+        {Role.READER} if accepted else set())
+
+
+def test_each_token_stands_for_its_roles() -> None:
+    guard = Guard({Role.AGENT: "agent-token", Role.READER: "reader-token",
+                   Role.CONTROL: "reader-token"})
+    assert guard.roles(((TOKEN_HEADER, "Bearer agent-token"),)) == {Role.AGENT}
+    assert guard.roles(((TOKEN_HEADER, "Bearer reader-token"),)) == {Role.READER, Role.CONTROL}
+    assert allowed_roles(CONNECT) == {Role.AGENT}
+    assert allowed_roles(STATUS) == {Role.READER, Role.CONTROL}
+    assert allowed_roles("/torch_hang_watchdog.v1.Coordinator/Kill") == {Role.CONTROL}
+
+
+def test_the_shared_token_serves_every_role_without_one_of_its_own(tmp_path: Path) -> None:
+    reader = tmp_path / "reader"
+    reader.write_text("reader-token")
+    reader.chmod(0o600)
+    roles = ("agent", "reader", "control")
+    assert ServerSecurity("shared").tokens(roles) == dict.fromkeys(roles, "shared")
+    security = server_security(_token_file(tmp_path, "shared"), None, None, None,
+                               {"reader": str(reader), "agent": None})
+    assert security.tokens(roles) == {"agent": "shared", "reader": "reader-token",
+                                      "control": "shared"}
+    alone = server_security(None, None, None, None, {"agent": str(reader)})
+    assert alone.tokens(roles) == {"agent": "reader-token"}  # no reader or control token
 
 
 @pytest.mark.parametrize(("cert", "key", "ca"), [
@@ -127,3 +156,15 @@ def test_plain_configuration_has_no_credentials() -> None:
     ("[::]:29450", False), ("10.1.2.3:29450", False), ("node-a:29450", False)])
 def test_loopback_addresses(address: str, loopback: bool) -> None:
     assert is_loopback(address) is loopback
+
+
+def test_a_loopback_caller_is_known_by_the_owner_of_its_socket() -> None:
+    assert parse_peer("ipv4:127.0.0.1:5000") is not None
+    assert parse_peer("ipv6:[::1]:5000") is not None
+    assert parse_peer("unix:/tmp/x.sock") is None
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()) as client:
+        host, port = client.getsockname()
+        assert loopback_caller_uid(f"ipv4:{host}:{port}") == os.geteuid()
+    assert loopback_caller_uid("ipv4:10.1.2.3:5000") is None
+    assert socket_owner(*parse_peer("ipv4:127.0.0.1:1")) is None  # type: ignore[misc]

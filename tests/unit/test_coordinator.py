@@ -36,12 +36,29 @@ def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
     assert hub.node_silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
 
 
-def test_jobs_beyond_the_limit_are_not_tracked(tmp_path: Path) -> None:
+def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
+        tmp_path: Path) -> None:
+    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(),
+                      job_retention=60.0)
+    hub.ingest(report("node-a", rank(0, job_id="old")), T0)
+    for n in range(10):
+        hub.ingest(report("node-a", rank(0, job_id=f"job-{n}")), T0 + 50)
+    hub.forget_old(T0 + 61)
+    assert sorted(hub.jobs) == [f"job-{n}" for n in range(10)]
+    hub.ingest(report("node-b", rank(0, job_id="old")), T0 + 200)  # a job seen again is new
+    hub.forget_old(T0 + 200)
+    assert sorted(hub.jobs) == ["old"]
+    assert hub.node_silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
+
+
+def test_at_the_job_limit_the_job_reported_least_recently_makes_room(tmp_path: Path) -> None:
     hub = coordinator(tmp_path)
-    for n in range(MAX_JOBS + 1):
-        hub.ingest(report("node-a", rank(0, job_id=f"job-{n}")), T0)
+    for n in range(MAX_JOBS):
+        hub.ingest(report("node-a", rank(0, job_id=f"job-{n}")), T0 + n)
+    hub.ingest(report("node-a", rank(0, job_id="job-0")), T0 + MAX_JOBS)
+    hub.ingest(report("node-a", rank(0, job_id="newest")), T0 + MAX_JOBS + 1)
     assert len(hub.jobs) == MAX_JOBS
-    assert f"job-{MAX_JOBS}" not in hub.jobs
+    assert "newest" in hub.jobs and "job-0" in hub.jobs and "job-1" not in hub.jobs
 
 
 def test_a_stalled_job_is_diagnosed_once_its_threshold_passed(tmp_path: Path) -> None:
@@ -72,6 +89,6 @@ def test_a_restarted_coordinator_finds_the_hang_it_already_stored(tmp_path: Path
               "culprit_ranks": [1], "collective": {"group": "0", "seq": 57}}
     hub.store.add(stored)
     again = {**stored, "id": "b2", "detected_at": T0 + 30}
-    assert hub.stored_twin(again) == stored
-    assert hub.stored_twin({**again, "culprit_ranks": [2]}) is None
-    assert hub.stored_twin({**again, "job_id": "other"}) is None
+    assert asyncio.run(hub.stored_twin(again)) == stored
+    assert asyncio.run(hub.stored_twin({**again, "culprit_ranks": [2]})) is None
+    assert asyncio.run(hub.stored_twin({**again, "job_id": "other"})) is None

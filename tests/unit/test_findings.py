@@ -151,6 +151,15 @@ def coordinator(tmp_path: Path) -> Coordinator:
     return Coordinator(store, StallPolicy(fixed=5.0))
 
 
+def judge_all(hub: Coordinator, now: float) -> None:
+    """Judge every job as of `now`, and wait for what that started (findings are stored and
+    told in tasks)."""
+    async def tasks() -> None:
+        await asyncio.gather(*hub.evaluate_all(now))
+
+    asyncio.run(tasks())
+
+
 def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
         one_rank: None, tmp_path: Path) -> None:
     hub, heard = coordinator(tmp_path), []
@@ -162,7 +171,7 @@ def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
 
     async def scenario() -> None:
         hub.ingest(NodeReport("node-a", T0, tuple(replicas)), T0 - 1)
-        hub.evaluate_all(T0 - 1)
+        await asyncio.gather(*hub.evaluate_all(T0 - 1))
         for at in (T0, T0 + 5.1):
             hub.ingest(NodeReport("node-a", at, tuple(stuck)), at)
             await asyncio.gather(*hub.evaluate_all(at))
@@ -183,7 +192,7 @@ def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
     again = Coordinator(hub.store, StallPolicy())  # restarted: the same finding is not news
     again.listeners.append(heard.append)
     again.ingest(NodeReport("node-a", T0, tuple(replicas)), T0 + 10)
-    again.evaluate_all(T0 + 10)
+    judge_all(again, T0 + 10)
     assert len(heard) == 2
     (job,) = json.loads(again.status_json(""))["jobs"]
     assert [f["id"] for f in job["findings"]] == [warning["id"]]
@@ -194,7 +203,7 @@ def test_a_job_with_a_warning_is_running(one_rank: None, tmp_path: Path) -> None
     replicas = [dataclasses.replace(trained(tmp_path, r, loaded=r == 2), last_event_at=now)
                 for r in range(4)]
     hub.ingest(NodeReport("node-a", now, tuple(replicas)), now)
-    hub.evaluate_all(now)
+    judge_all(hub, now)
     status = json.loads(hub.status_json(""))
     (job,) = status["jobs"]
     assert (job["state"], job["verdict"]) == ("RUNNING", None)
@@ -213,7 +222,7 @@ def test_a_fault_in_the_findings_never_stops_hang_judgement(
              *(rank(r, entered(57, 3.0), evidence=evidence) for r in (0, 2, 3))]
     hub.ingest(NodeReport("node-a", T0, tuple(dataclasses.replace(s, events=0) for s in stuck)),
                T0 - 1)
-    hub.evaluate_all(T0 - 1)
+    judge_all(hub, T0 - 1)
 
     def broken(*_: Any) -> list[Any]:
         raise RuntimeError("a bug in a finding")

@@ -16,8 +16,9 @@ NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
                      "watchdog.coordinator", "watchdog.cli", "sqlite3", "asyncio",
                      "prometheus_client", "watchdog.metrics")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
-AGENT_MAY_USE = ("watchdog.beacon", "watchdog.env", "watchdog.errors", "watchdog.model",
-                 "watchdog.explain", "watchdog.transport", "watchdog.text", "watchdog.metrics")
+AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",
+                 "watchdog.model", "watchdog.explain", "watchdog.transport", "watchdog.text",
+                 "watchdog.metrics")
 
 
 def module_file(name: str) -> Path | None:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from watchdog.cli import options
+from watchdog.coordinator.service import JOB_RETENTION_S
 from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import UsageError
@@ -22,6 +23,11 @@ HELP = "the coordinator daemon"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
     options.add_token_option(p)
+    for role, may in (("agent", "send reports and answer stack requests"),
+                      ("reader", "read every job (watchdog status)"),
+                      ("control", "read, and act on jobs")):
+        p.add_argument(f"--{role}-token-file", metavar="F",
+                       help=f"the token that may {may}, in place of --token-file's")
     p.add_argument("--tls-cert", metavar="PEM", help="speak TLS with this certificate")
     p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     p.add_argument("--tls-client-ca", metavar="PEM",
@@ -31,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"keep the newest N incidents (default {KEEP_COUNT})")
     p.add_argument("--keep-days", type=options.positive_float, default=KEEP_DAYS, metavar="D",
                    help=f"drop incidents older than D days (default {KEEP_DAYS:.0f})")
+    p.add_argument("--job-retention", type=options.positive_float, default=JOB_RETENTION_S,
+                   metavar="S", help="forget a job no agent reported for S seconds (default "
+                                     f"{JOB_RETENTION_S:.0f})")
     options.add_stall_options(p)
     options.add_metrics_option(p)
     options.add_health_option(p, "the gRPC port serves it too; this one is for probes that "
@@ -61,13 +70,19 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.transport import Health, server_security, start_server
     from watchdog.web import WebAuth
 
-    security = server_security(args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca)
+    security = server_security(
+        args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca,
+        {role: getattr(args, f"{role}_token_file") for role in ("agent", "reader", "control")})
     store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
-    coordinator = Coordinator(store, options.stall_policy(args))
+    store.open()
+    coordinator = Coordinator(store, options.stall_policy(args),
+                              job_retention=args.job_retention)
     webhooks = Webhooks(args.notify_webhook)
     if webhooks.hooks:
         coordinator.listeners.append(webhooks)
-    web_auth = None if args.web_listen is None else WebAuth(security.token, args.web_listen)
+    # The web view shows what Status does: the reader's token opens it.
+    web_auth = (None if args.web_listen is None
+                else WebAuth(security.tokens(["reader"]).get("reader"), args.web_listen))
 
     async def serve(stop: asyncio.Event) -> None:
         health = await Health.create()
@@ -87,11 +102,9 @@ def run(args: argparse.Namespace) -> int:
                 await asyncio.to_thread(web.stop)
             await server.stop(grace=1.0)
             await asyncio.to_thread(webhooks.close)
+            await coordinator.saver.close()
 
-    try:
-        asyncio.run(options.serve_until_signal(serve))
-    finally:
-        store.close()
+    asyncio.run(options.serve_until_signal(serve))
     return 0
 
 

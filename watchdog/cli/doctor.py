@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TextIO
 
 from watchdog import env as _env
-from watchdog.errors import ExitCode, PySpyMissingError
+from watchdog.beacondir import user_dir
+from watchdog.errors import BeaconError, ExitCode, PySpyMissingError
 
 HELP = "preflight checks: ptrace, py-spy, torch, names"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -96,13 +97,23 @@ def check_torch() -> Check:
 
 
 def check_beacon_dir() -> Check:
-    directory = _env.beacon_dir()
-    parent = directory if os.path.isdir(directory) else os.path.dirname(directory)
-    if not os.access(parent, os.W_OK):
-        return FAIL, f"cannot write beacons in {directory}. Fix: set {_env.BEACON_DIR}"
-    free_mb = shutil.disk_usage(parent).free // 2**20
-    level = OK if free_mb >= 16 else WARN
-    return level, f"beacons go to {directory} ({free_mb} MiB free)"
+    """This user can make their own beacon directory; and the base is root's, made at boot."""
+    base = _env.beacon_dir()
+    try:
+        fd, directory = user_dir(base)
+    except BeaconError as e:
+        return FAIL, f"{e.args[0]}. Fix: {e.hint}"
+    base_owner = os.lstat(base).st_uid
+    os.close(fd)
+    free_mb = shutil.disk_usage(directory).free // 2**20
+    where = f"beacons go to {directory} ({free_mb} MiB free)"
+    if free_mb < 16:
+        return WARN, f"{where}: a full /dev/shm leaves the hook off"
+    if base == _env.DEFAULT_BEACON_DIR and base_owner != 0:
+        return WARN, (f"{where}; {base} was made by uid {base_owner}, not root: it can keep "
+                      "other users' hooks off. Fix: install deploy/systemd/"
+                      "torch-hang-watchdog.tmpfiles.conf")
+    return OK, where
 
 
 CHECKS: list[Callable[[], Check]] = [check_install, check_systemd_names, check_py_spy,

@@ -3,6 +3,7 @@ agent in one asyncio process beside the job.
 
 They still talk gRPC, over a 0600 unix socket in the user's runs directory (where `watchdog
 status` finds it; `discover`), so this path is the same code as the multi-process deployment.
+The job's beacons go to a private (0700) run directory.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -30,7 +32,7 @@ from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.coordinator.gauges import keep_sampled
-from watchdog.errors import ExitCode
+from watchdog.errors import ExitCode, WatchdogError
 from watchdog.report import write_html
 from watchdog.transport import start_server
 
@@ -104,7 +106,7 @@ class _Run:
         """End the workers of the attempt that hung, and not torchrun, which then starts the
         next attempt while it has restarts left (--max-restarts), or fails the job."""
         workers = [w for w in self.agent.table.workers()
-                   if w.alive and w.verified and w.identity.job_id == job_id]
+                   if w.alive and w.identity.job_id == job_id]
         self.out.write(f"watchdog: ending the {len(workers)} workers of {job_id} so that "
                        "torchrun restarts them (--on-hang restart)\n")
         self.out.flush()
@@ -118,10 +120,13 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
     """Run the job under watch; the job's exit code, or 3 when a hang (or the time limit) made
     us end it. Every incident is printed, and appended to `incidents` where given."""
     cmd = check_command(options.cmd)
-    base = _env.beacon_dir()
-    os.makedirs(base, mode=0o755, exist_ok=True)
-    run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
+    run_dir = private_run_dir()
     store = IncidentStore(options.db_path)
+    try:
+        store.open()
+    except WatchdogError as e:
+        out.write(f"watchdog: {str(e).splitlines()[0]}; incidents are printed, and stored once "
+                  "it opens\n")
     coordinator = Coordinator(store, options.policy, tick=INTERVAL_S)
     # In the runs directory, `watchdog status` finds it; where that cannot be, in our own.
     socket_path = claim_run_socket(os.getpid()) or f"{run_dir}/coordinator.sock"
@@ -151,7 +156,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         _forward_signals(proc.pid, workers, out)
         code = await _wait_job(proc, state, workers)
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
-        report = agent.scan()
+        report = await asyncio.to_thread(agent.scan)
         coordinator.ingest(report, report.sent_at)
         await asyncio.gather(*coordinator.evaluate_all(report.sent_at))
         return code
@@ -161,14 +166,33 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         await server.stop(grace=1.0)
         if exporter is not None:
             exporter.close()
-        store.close()
+        await coordinator.saver.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def private_run_dir(env: Mapping[str, str] = os.environ) -> str:
+    """A new directory only this user can enter, for the socket and the job's beacons: under
+    $XDG_RUNTIME_DIR when it is this user's own 0700 directory, else in /dev/shm or the
+    temporary directory (sticky: nobody else can rename or replace what we make there)."""
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    parent = runtime if runtime and _private(runtime) else (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix="torch-hang-watchdog-run-", dir=parent)
+
+
+def _private(directory: str) -> bool:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+
+
 def _live_worker_pids(agent: Agent) -> list[int]:
-    return [w.identity.pid for w in agent.table.workers() if w.alive and w.verified]
+    return [w.identity.pid for w in agent.table.workers() if w.alive]
 
 
 async def _end_workers(workers: list[Worker]) -> None:

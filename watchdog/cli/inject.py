@@ -50,9 +50,8 @@ def check_command(cmd: Sequence[str]) -> list[str]:
 def exec_with_hook(cmd: Sequence[str]) -> None:
     """`watchdog launch`: replace this process with `cmd`, hook injected, no daemon of our own."""
     args = check_command(cmd)
-    beacon_dir = _env.beacon_dir()
-    os.makedirs(beacon_dir, mode=0o755, exist_ok=True)
-    env = hook_env(os.environ, beacon_dir, os.environ.get(_env.JOB_ID))
+    # The directory is the hook's to make, safely (watchdog.beacondir), in each rank.
+    env = hook_env(os.environ, _env.beacon_dir(), os.environ.get(_env.JOB_ID))
     try:
         os.execvpe(args[0], args, env)
     except OSError as e:

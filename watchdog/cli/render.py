@@ -1,6 +1,8 @@
 """Text for people: `watchdog status`, `watchdog incidents` and the incident `watchdog run`
 prints (CLI process). Everything renders from the JSON-shaped dicts of the coordinator's
 `incident` module, so a stored incident and a live one print alike. Functions return strings.
+Every public function escapes the strings it is given first (`text.printable`): job ids, hosts,
+ops, frame names and log lines come from workers, and none of them may drive the terminal.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TextIO
 
 from watchdog.model import RankStatus, Severity
-from watchdog.text import clock, ranks_text
+from watchdog.text import clock, printable_tree, ranks_text
 
 _RESET = "\033[0m"
 _BOLD = "\033[1m"
@@ -34,6 +36,7 @@ def use_color(stream: TextIO) -> bool:
 
 def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     """The incident as `watchdog run` prints it: verdict, rank table, stacks."""
+    incident = printable_tree(incident)
     culprits = incident["culprit_ranks"]
     severity = incident.get("severity", Severity.HANG)
     heading = f"{incident['kind']} in job {incident['job_id']} at {clock(incident['detected_at'])}"
@@ -65,7 +68,7 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
 
 def render_status(status: Mapping[str, Any], color: bool = False) -> str:
     """`watchdog status`: every job with its ranks and, where one exists, its verdict."""
-    jobs = status["jobs"]
+    jobs = printable_tree(status["jobs"])
     if not jobs:
         return "no jobs"
     return "\n\n".join(_render_job(job, color) for job in jobs)
@@ -75,6 +78,7 @@ def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
     """`watchdog incidents list`: one line per incident, newest first as given."""
     if not incidents:
         return "no incidents"
+    incidents = printable_tree(incidents)
     return "\n".join(
         f"{i['id']}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(i['detected_at']))}  "
         f"{i['job_id']}  {i['kind']}  {i['summary']}"
@@ -86,6 +90,7 @@ def rank_table(
     rows: Sequence[Mapping[str, Any]], culprits: Collection[int] = (), color: bool = False
 ) -> str:
     """A fixed-width table, one line per rank; culprits marked with '*'."""
+    rows = printable_tree(rows)
     cells = [_row_cells(row, row["rank"] in culprits) for row in rows]
     widths = [max(len(line[i]) for line in [list(_COLUMNS), *cells]) for i in range(len(_COLUMNS))]
     lines = ["  ".join(title.ljust(w) for title, w in zip(_COLUMNS, widths, strict=True)).rstrip()]
@@ -109,6 +114,8 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
         lines.append(_paint(f"{finding['kind']} (warning): {finding['summary']}", _CAUTION,
                             color))
         lines.append(f"  fix: {finding['finding']['fix']}")
+    lines += [f"flagged, not trusted: rank {f['rank']} (pid {f['pid']} on {f['node']}): "
+              f"{f['reason']}" for f in job.get("flagged", ())]
     return "\n".join(lines)
 
 

@@ -56,6 +56,7 @@ class JobView:
         # rank -> the live processes (host, pid) that claimed it besides the one followed: a
         # duplicate RANK (the rendezvous then never completes)
         self.duplicates: dict[int, set[tuple[str, int]]] = {}
+        self._started = False
         self._progress_at: float | None = None  # the latest progress any hook stamped
         self._paces: dict[int, float] = {}  # rank -> its hook's p99 gap, once paced
         self._pace: float | None = None  # their maximum; None until recomputed
@@ -136,6 +137,15 @@ class JobView:
         phases = (r.phase_timeout for r in map(self.ranks.__getitem__, self._in_phase)
                   if r.phase_age < r.phase_timeout)
         return max([self.policy.warmup if self._warming else 0.0, *phases])
+
+    @property
+    def started(self) -> bool:
+        """Every rank reported and each hooked one is past init_process_group: from then on
+        the job's shape is fixed (`admission`). Once over, it stays over."""
+        self._started = self._started or (0 < self.world_size <= len(self.ranks) and not any(
+            r.setup == "init_process_group" or (r.hooked and not r.groups)
+            for r in self.ranks.values()))
+        return self._started
 
     def observe(self, now: float) -> None:
         """The stall clock runs from the first report: a rank that never reaches

@@ -2,14 +2,17 @@
 
 Joins node reports into jobs, watches each job for a stall or an early exit, asks the agents for
 stacks, decides the verdict, persists the incident, then tells its listeners. An incident is
-stored before anyone hears of it, so a crash after that loses nothing.
+stored before anyone hears of it, so a crash after that loses nothing; when the database fails,
+it is told all the same and stored once the database works again (`persist`). Which agent may
+report which node and answer which request: `sessions`; which ranks a job trusts: `admission`.
+A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
+long the coordinator runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -18,9 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from watchdog import metrics
+from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.evidence import culprit_place
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_rows
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
+from watchdog.coordinator.persist import IncidentSaver
+from watchdog.coordinator.sessions import Sessions
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
@@ -32,9 +38,9 @@ from watchdog.model import (
     RankStack,
     Severity,
     StackReply,
-    StackRequest,
     Verdict,
 )
+from watchdog.text import printable
 from watchdog.transport.rpc import AgentMessage, AgentSession
 
 log = logging.getLogger(__name__)
@@ -42,7 +48,11 @@ log = logging.getLogger(__name__)
 STACK_WAIT_S = 10.0
 STACK_SAMPLES = 3  # stacks of each rank when a job stalled: does its Python move?
 RECHECK_S = 10.0  # a stall whose ranks work is looked at again after this long
-MAX_JOBS = 4096
+SAVE_WAIT_S = 1.0  # how long an incident waits for the database before it is told anyway
+STACK_INTERVAL_S = 2.0  # a job's stacks at most this often: each dump pauses its ranks
+JOB_RETENTION_S = 600.0
+MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
+SWEEP_S = 5.0
 NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 
@@ -51,40 +61,45 @@ JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # han
 
 
 class Coordinator:
-    def __init__(self, store: IncidentStore, policy: StallPolicy, tick: float = 0.25) -> None:
+    def __init__(self, store: IncidentStore, policy: StallPolicy, tick: float = 0.25,
+                 job_retention: float = JOB_RETENTION_S) -> None:
         self.store = store
+        self.saver = IncidentSaver(store)
         self.policy = policy
         self.tick = tick
+        self.job_retention = job_retention
         self.jobs: dict[str, JobView] = {}
         self.listeners: list[IncidentListener] = []
-        self._sessions: set[AgentSession] = set()
+        self.sessions = Sessions()
+        self.admission = Admission(policy)
         self._node_seen: dict[str, float] = {}
         self._node_interval: dict[str, float] = {}
-        self._pending: dict[int, asyncio.Future[StackReply]] = {}
-        self._request_ids = itertools.count(1)
+        self._job_seen: dict[str, float] = {}
+        self._stacks_asked: dict[str, float] = {}  # job id -> monotonic time
+        self._swept_at = 0.0
         self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
 
     # -- CoordinatorHandler: called by the gRPC servicer --
-    def open_session(self, peer: str) -> AgentSession:
-        session = AgentSession(peer)
-        self._sessions.add(session)
-        metrics.AGENTS.set(len(self._sessions))
+    def open_session(self, peer: str, names: frozenset[str] | None = None) -> AgentSession:
+        session = AgentSession(peer, names)
+        self.sessions.open(session)
+        metrics.AGENTS.set(len(self.sessions.connected))
         log.info("agent connected from %s", peer)
         return session
 
     def close_session(self, session: AgentSession) -> None:
-        self._sessions.discard(session)
-        metrics.AGENTS.set(len(self._sessions))
-        log.info("agent %s (%s) disconnected", session.node or "?", session.peer)
+        self.sessions.close(session)
+        metrics.AGENTS.set(len(self.sessions.connected))
+        log.info("agent %s (%s) disconnected", printable(session.node or "?"), session.peer)
 
     def on_message(self, session: AgentSession, message: AgentMessage) -> None:
         if isinstance(message, NodeReport):
-            session.node = message.node
-            self.ingest(message, time.time())
+            now = time.time()
+            if self.sessions.bind(session, message.node,
+                                  self.node_silence(message.node, now)[0]):
+                self.ingest(message, now)
         else:
-            future = self._pending.pop(message.request_id, None)
-            if future is not None and not future.done():
-                future.set_result(message)
+            self.sessions.answer(session, message)
 
     def status_json(self, job_id: str) -> str:
         now = time.time()
@@ -101,34 +116,70 @@ class Coordinator:
             self._node_interval[report.node] = 0.8 * interval + 0.2 * (now - previous)
         self._node_seen[report.node] = now
         metrics.REPORTS.inc()
+        flagged: set[str] = set()
         for state in report.ranks:
-            job = self.jobs.get(state.job_id)
-            if job is None:
-                if len(self.jobs) >= MAX_JOBS:
-                    log.warning("tracking %d jobs already; ignoring job %s", MAX_JOBS, state.job_id)
-                    continue
-                job = self.jobs[state.job_id] = JobView(state.job_id, self.policy)
-                log.info("new job %s (world size %d)", state.job_id, state.world_size)
-            job.update(report.node, state, now)
+            job = self.jobs.get(state.job_id) or self._new_job(state.job_id, state.world_size)
+            self._job_seen[job.job_id] = now
+            if self.admission.admit(job, report.node, state, now):
+                job.update(report.node, state, now)
+            else:
+                flagged.add(job.job_id)
+        for job_id in flagged:
+            job = self.jobs[job_id]
+            self.jobs[job_id] = self.admission.reconsider(job, now)
+
+    def _new_job(self, job_id: str, world_size: int) -> JobView:
+        if len(self.jobs) >= MAX_JOBS:
+            oldest = min(self._job_seen, key=self._job_seen.__getitem__)
+            log.warning("following %d jobs already; forgetting job %s, the one reported least "
+                        "recently", MAX_JOBS, printable(oldest))
+            self._forget_job(oldest)
+        job = self.jobs[job_id] = JobView(job_id, self.policy)
+        log.info("new job %s (world size %d)", printable(job_id), world_size)
+        return job
+
+    def _forget_job(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        self._job_seen.pop(job_id, None)
+        self._stacks_asked.pop(job_id, None)
+        self.admission.forget(job_id)
+
+    def forget_old(self, now: float) -> None:
+        """Forget the jobs, and the nodes, no report mentioned for `job_retention` seconds: a
+        job that ended is reported by its agents a while after its exit, then not at all."""
+        for job_id in [j for j, seen in self._job_seen.items() if now - seen > self.job_retention]:
+            if not self.jobs[job_id].evaluating:
+                self._forget_job(job_id)
+        for node in [n for n, seen in self._node_seen.items() if now - seen > self.job_retention]:
+            if self.sessions.session_of(node) is None:
+                del self._node_seen[node]
+                self._node_interval.pop(node, None)
 
     def job_status(self, job: JobView, now: float) -> dict[str, Any]:
         verdict = job.incident if job.incident_open or job.done else None
         return {"job_id": job.job_id, "state": job.state(now), "world_size": job.world_size,
                 "nodes": sorted(set(job.nodes.values())),
                 "ranks": rank_rows(job.snapshot(now)), "verdict": verdict,
-                "findings": list(job.findings.incidents)}
+                "findings": list(job.findings.incidents),
+                "flagged": self.admission.to_json(job.job_id)}
 
     # -- decisions --
     async def run(self, stop: asyncio.Event) -> None:
         """Evaluate every job each tick until `stop`; no error ends this loop."""
+        retries = asyncio.create_task(self.saver.retry_until(stop))
         while not stop.is_set():
             self.heartbeat = time.monotonic()
+            now = time.time()
             try:
-                self.evaluate_all(time.time())
+                self.evaluate_all(now)
+                if now - self._swept_at >= SWEEP_S:
+                    self._swept_at = now
+                    self.forget_old(now)
             except Exception:
                 log.exception("evaluation failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.tick)
+        await retries
 
     def node_silence(self, node: str, now: float) -> tuple[bool, bool]:
         """(silent, unreachable): silent after a few missed reports (an agent restarting),
@@ -154,7 +205,7 @@ class Coordinator:
         for job in self.jobs.values():
             job.observe(now)
             if job.findings.pending:
-                self._report_findings(job, now)
+                tasks += self._report_findings(job, now)
             if job.evaluating or job.hung or (job.incident is not None and job.done):
                 continue
             if now < job.hold_until or not job.needs_judgement(now):
@@ -186,7 +237,7 @@ class Coordinator:
             if job.stacks_only and job.stacks_moved(stacks):
                 return  # no hook: a changed stack was the only sign of progress, and here it is
             if not self._hold(job, snapshot, verdict, now):
-                self._report(job, snapshot, verdict, now)
+                await self._report(job, snapshot, verdict, now)
                 metrics.VERDICT_SECONDS.observe(time.monotonic() - started)
         except Exception:
             log.exception("diagnosing job %s failed", job.job_id)
@@ -214,52 +265,61 @@ class Coordinator:
                 verdict.kind, list(verdict.culprit_ranks))
         return False
 
-    def _report_findings(self, job: JobView, now: float) -> None:
-        """Store each new finding of the job, then tell the listeners; a fault here is logged
-        and never keeps the job from being judged for hangs."""
+    def _report_findings(self, job: JobView, now: float) -> list[asyncio.Task[None]]:
+        """Each new finding of the job, stored and told in a task of its own; a fault here is
+        logged and never keeps the job from being judged for hangs."""
+        tasks = []
         try:
             snapshot = job.snapshot(now)
             for finding in job.findings.evaluate(snapshot, now):
                 incident = build_finding_incident(snapshot, finding, uuid.uuid4().hex[:12], now)
-                stored = self._stored_finding(incident)
-                job.findings.incidents.append(stored or incident)
-                if stored is None:
-                    self._announce(incident)
+                job.findings.incidents.append(incident)
+                tasks.append(asyncio.create_task(self._announce_finding(job, incident)))
         except Exception:
             log.exception("checking job %s for findings failed", job.job_id)
+        return tasks
 
-    def _stored_finding(self, incident: dict[str, Any]) -> dict[str, Any] | None:
-        """The stored incident of the same finding, reported before a restart, if any."""
-        for text in self.store.kind_json(incident["job_id"], incident["kind"]):
-            stored: dict[str, Any] = json.loads(text)
-            if stored.get("finding", {}).get("key") == incident["finding"]["key"]:
-                return stored
-        return None
+    async def _announce_finding(self, job: JobView, incident: dict[str, Any]) -> None:
+        """Tell a finding, unless it was stored before a restart: then show the stored one."""
+        try:
+            for text in await self.saver.kind_json(incident["job_id"], incident["kind"]):
+                stored: dict[str, Any] = json.loads(text)
+                if stored.get("finding", {}).get("key") == incident["finding"]["key"]:
+                    found = job.findings.incidents
+                    found[found.index(incident)] = stored
+                    return
+            await self._announce(incident)
+        except Exception:
+            log.exception("reporting a finding of job %s failed", job.job_id)
 
-    def _announce(self, incident: dict[str, Any]) -> None:
-        """Store the incident, then tell the listeners."""
-        self.store.add(incident)
+    async def _announce(self, incident: dict[str, Any]) -> None:
+        """Store the incident, then tell the listeners. Stored before anyone hears of it, unless
+        the database keeps it waiting: then it is told now and stored when it can be (the save
+        goes on; a failure is retried)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.saver.save(incident)), SAVE_WAIT_S)
         metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
-        log.info("incident %s: %s", incident["id"], incident["summary"])
+        log.info("incident %s: %s", incident["id"], printable(incident["summary"]))
         for listener in self.listeners:
             listener(incident)
 
-    def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> None:
+    async def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict,
+                      now: float) -> None:
         """Store the incident, then tell the listeners, once."""
         incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
-        stored = self.stored_twin(incident)
+        stored = await self.stored_twin(incident)
         job.incident, job.incident_events = stored or incident, job.events_total()
         job.hung_before = job.hung_before or is_hang(incident)
         if stored is not None:
             log.info("incident %s was stored before a restart; not repeating it", stored["id"])
             return
-        self._announce(incident)
+        await self._announce(incident)
 
-    def stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
+    async def stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
         """The stored incident of the same hang (job, kind, culprits, collective), if any: a
         coordinator restarted mid-hang must not report it twice."""
         key = ("kind", "culprit_ranks", "collective")
-        latest = self.store.latest_json(incident["job_id"], JUDGED_KINDS)
+        latest = await self.saver.latest_json(incident["job_id"], JUDGED_KINDS)
         if latest is None:
             return None
         stored: dict[str, Any] = json.loads(latest)
@@ -268,25 +328,27 @@ class Coordinator:
     async def gather_stacks(self, job: JobView, ranks: tuple[int, ...],
                             samples: int = 1) -> dict[int, RankStack]:
         """Ask each node's agent for its ranks' stacks (`samples` each, spread over about a
-        second); wait a bounded time for each."""
+        second); wait a bounded time for each. A job's stacks are asked for at most once every
+        STACK_INTERVAL_S (this waits for its turn)."""
+        last = self._stacks_asked.get(job.job_id)
+        if last is not None:
+            await asyncio.sleep(max(0.0, last + STACK_INTERVAL_S - time.monotonic()))
+        self._stacks_asked[job.job_id] = time.monotonic()
         by_node: dict[str, list[int]] = {}
         for rank in ranks:
             by_node.setdefault(job.nodes.get(rank, ""), []).append(rank)
-        futures = []
-        for session in list(self._sessions):
-            local = tuple(by_node.get(session.node, ()))
-            if not local or session.outbox.full():
-                continue
-            request_id = next(self._request_ids)
-            future: asyncio.Future[StackReply] = asyncio.get_running_loop().create_future()
-            self._pending[request_id] = future
-            session.outbox.put_nowait(StackRequest(request_id, job.job_id, local, samples))
-            futures.append((request_id, future))
-        if futures:
-            await asyncio.wait([f for _, f in futures], timeout=STACK_WAIT_S)
+        asked: list[tuple[int, asyncio.Future[StackReply]]] = []
+        for node, local in by_node.items():
+            session = self.sessions.session_of(node)
+            request = None if session is None else self.sessions.ask(
+                session, job.job_id, tuple(local), samples)
+            if request is not None:
+                asked.append(request)
+        if asked:
+            await asyncio.wait([reply for _, reply in asked], timeout=STACK_WAIT_S)
         stacks: dict[int, RankStack] = {}
-        for request_id, future in futures:
-            self._pending.pop(request_id, None)
-            if future.done():
-                stacks.update((s.rank, s) for s in future.result().stacks)
+        for request_id, reply in asked:
+            self.sessions.forget(request_id)
+            if reply.done():
+                stacks.update((s.rank, s) for s in reply.result().stacks)
         return stacks

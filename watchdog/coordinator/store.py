@@ -1,7 +1,8 @@
 """Incident history in SQLite (coordinator process, and the CLI reading it back).
 
 An incident is stored as the exact JSON text that was reported, so what `watchdog incidents`
-prints later is byte-identical to what the coordinator emitted.
+prints later is byte-identical to what the coordinator emitted. The coordinator reaches it only
+from a thread (`persist`), never from its event loop.
 """
 
 from __future__ import annotations
@@ -48,25 +49,90 @@ def incident_json(incident: dict[str, Any]) -> str:
 
 
 class IncidentStore:
-    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`."""
+    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`.
+
+    The database is opened on first use (`open` opens it at once), so a coordinator can start,
+    and print incidents, while it is locked or unreachable. The file, its WAL and shared-memory
+    files are the owner's alone (0600): incidents hold every rank's stacks and log lines. A
+    locked database fails after `busy_timeout` seconds; the coordinator calls from a thread of
+    its own, which may differ from the one that made the store.
+    """
 
     def __init__(self, path: str, keep_count: int = KEEP_COUNT,
-                 keep_days: float = KEEP_DAYS) -> None:
+                 keep_days: float = KEEP_DAYS, busy_timeout: float = 1.0) -> None:
         self.path = path
         self.keep_count = keep_count
         self.keep_days = keep_days
+        self.busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+        self._spill_taken = False
+
+    def open(self) -> None:
+        """Open the database now: WatchdogError, with a hint, when it cannot be."""
+        self._db()
+
+    def _db(self) -> sqlite3.Connection:
+        """The connection, opened on first use; incidents spilled by an earlier process are
+        stored once, before anything else is done with it."""
+        conn = self._connect()
+        if not self._spill_taken:
+            self._spill_taken = True  # set first: storing them comes back here
+            try:
+                self._take_spilled()
+            except BaseException:
+                self._spill_taken = False
+                raise
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
+            _make_private(self.path)
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout,
+                                   check_same_thread=False)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            except sqlite3.Error:
+                conn.close()
+                raise
+            _make_private(self.path)  # the WAL and shared-memory files it may just have made
         except (OSError, sqlite3.Error) as e:
-            raise WatchdogError(f"cannot open the incident database {path}: {e}",
+            raise WatchdogError(f"cannot open the incident database {self.path}: {e}",
                                 hint="pass --db PATH to a writable location") from e
+        self._conn = conn
+        return conn
+
+    @property
+    def spill_path(self) -> str:
+        return f"{self.path}.pending"
+
+    def spill(self, incidents: list[dict[str, Any]]) -> None:
+        """Keep incidents the database refused in a file beside it (JSON lines, 0600): the next
+        process that opens the database stores them."""
+        fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.writelines(incident_json(incident) + "\n" for incident in incidents)
+
+    def _take_spilled(self) -> None:
+        try:
+            with open(self.spill_path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                incident = json.loads(line)
+            except ValueError:
+                continue  # a line cut short when the disk filled up
+            self.add(incident)
+        os.unlink(self.spill_path)
 
     def add(self, incident: dict[str, Any]) -> None:
         """Persist one incident; a second add of the same id is ignored (at most once)."""
-        self._db.execute(
+        self._db().execute(
             "INSERT OR IGNORE INTO incidents (id, job_id, detected_at, kind, body) "
             "VALUES (?, ?, ?, ?, ?)",
             (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
@@ -75,36 +141,55 @@ class IncidentStore:
 
     def prune(self, now: float) -> None:
         """Drop incidents beyond the retention limits (older ones first)."""
-        self._db.execute("DELETE FROM incidents WHERE detected_at < ?",
-                         (now - self.keep_days * 86400,))
-        self._db.execute(
-            "DELETE FROM incidents WHERE id NOT IN "
-            "(SELECT id FROM incidents ORDER BY detected_at DESC LIMIT ?)", (self.keep_count,))
+        db = self._db()
+        db.execute("DELETE FROM incidents WHERE detected_at < ?", (now - self.keep_days * 86400,))
+        # Both through the index on detected_at: a store of many incidents prunes in log time.
+        beyond = db.execute("SELECT detected_at FROM incidents ORDER BY detected_at DESC "
+                            "LIMIT 1 OFFSET ?", (self.keep_count,)).fetchone()
+        if beyond is not None:
+            db.execute("DELETE FROM incidents WHERE detected_at <= ?", beyond)
 
     def list_json(self, limit: int = 100) -> list[str]:
         """Stored incident texts, newest first."""
-        rows = self._db.execute(
+        rows = self._db().execute(
             "SELECT body FROM incidents ORDER BY detected_at DESC LIMIT ?", (limit,))
         return [body for (body,) in rows]
 
     def latest_json(self, job_id: str, kinds: Collection[str]) -> str | None:
         """The newest incident of one job among those of `kinds`."""
         marks = ",".join("?" * len(kinds))
-        row = self._db.execute(
+        row = self._db().execute(
             f"SELECT body FROM incidents WHERE job_id = ? AND kind IN ({marks}) "
             "ORDER BY detected_at DESC LIMIT 1", (job_id, *kinds)).fetchone()
         return None if row is None else str(row[0])
 
     def kind_json(self, job_id: str, kind: str) -> list[str]:
         """Every incident of one kind in one job, newest first."""
-        rows = self._db.execute(
+        rows = self._db().execute(
             "SELECT body FROM incidents WHERE job_id = ? AND kind = ? ORDER BY detected_at DESC",
             (job_id, kind))
         return [body for (body,) in rows]
 
     def get_json(self, incident_id: str) -> str | None:
-        row = self._db.execute("SELECT body FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        row = self._db().execute("SELECT body FROM incidents WHERE id = ?",
+                                 (incident_id,)).fetchone()
         return None if row is None else str(row[0])
 
     def close(self) -> None:
-        self._db.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _make_private(path: str) -> None:
+    """The database's directory made 0700 when we make it, the database file made 0600, and
+    its companion files that we own and others could read set to 0600."""
+    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(name, 0o600)

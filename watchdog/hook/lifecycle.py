@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
 from watchdog.beacon import CHECK_NAMES, EXIT_EXCEPTION, BeaconWriter, Identity, beacon_path
+from watchdog.beacondir import user_dir
 from watchdog.env import (
     ATTEMPT,
     CHECK_EVERY,
@@ -28,6 +29,7 @@ from watchdog.env import (
     job_id,
     short_hostname,
 )
+from watchdog.errors import WatchdogError
 from watchdog.hook import checks
 from watchdog.hook.exit_reason import describe
 from watchdog.hook.post_import import after_import
@@ -77,10 +79,20 @@ def install() -> bool:
         patches = TorchPatches(recorder, functools.partial(_become_rank, recorder))
         after_import(patches.post_import_hooks(), recorder.fail)
     except Exception as e:
-        print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
+        _not_installed(e)
         return False
     _recorder = recorder
     return recorder.enabled
+
+
+def _not_installed(error: Exception) -> None:
+    """Say once, on one line, why this process records nothing."""
+    if isinstance(error, WatchdogError):
+        why = f"{error.args[0]} (fix: {error.hint})" if error.hint else str(error.args[0])
+    else:
+        why = repr(error)
+    print(f"torch-hang-watchdog: hook not installed: {why}; training goes on without it",
+          file=sys.stderr)
 
 
 def _identity(env: Mapping[str, str], rank: int, world_size: int, pid: int) -> Identity:
@@ -93,15 +105,20 @@ def _identity(env: Mapping[str, str], rank: int, world_size: int, pid: int) -> I
 
 def _start(recorder: Recorder, identity: Identity) -> None:
     """Create the rank's beacon and record into it from now on."""
-    directory = beacon_dir(os.environ)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    path = beacon_path(directory, identity.job_id, identity.rank, identity.pid)
     enabled, unknown = checks.parse_checks(os.environ.get(CHECKS, ""))
     if unknown:
         print(f"torch-hang-watchdog: {CHECKS} names no check {', '.join(unknown)} (checks: "
               f"{', '.join(CHECK_NAMES)})", file=sys.stderr)
     every = max(1, int_env(os.environ, CHECK_EVERY, checks.CHECK_EVERY))
-    recorder.start(BeaconWriter(path, identity), identity, enabled, every)
+    # Kept open for the life of the process: the beacon is made and removed through it.
+    dir_fd, directory = user_dir(beacon_dir(os.environ))
+    try:
+        writer = BeaconWriter(beacon_path(directory, identity.job_id, identity.rank,
+                                          identity.pid), identity, dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    recorder.start(writer, identity, enabled, every)
     recorder.publish()
     os.environ[HOOK_PID] = str(identity.pid)
     atexit.register(recorder.mark_shutdown)
@@ -120,7 +137,7 @@ def _become_rank(recorder: Recorder, rank: int, world_size: int) -> None:
         _start(recorder, _identity(os.environ, rank, world_size, os.getpid()))
     except Exception as e:
         recorder.failed = True
-        print(f"torch-hang-watchdog: hook not installed: {e!r}", file=sys.stderr)
+        _not_installed(e)
 
 
 def _disable_in_child() -> None:

@@ -110,7 +110,7 @@ class Recorder:
               file=sys.stderr)
         if self.writer is not None:
             with contextlib.suppress(OSError):
-                os.unlink(self.writer.path)
+                self.writer.remove()
 
     # enter() and optimizer_stepped() run in every training step, right after the rank waited
     # in a collective: with cold caches each Python call costs about a microsecond there, so

@@ -2,27 +2,23 @@
 
 A token is a secret shared by the coordinator and its clients; every call carries it as
 `authorization: Bearer <token>` metadata, and the coordinator refuses a call without the right
-one before it parses a byte of the request. TLS is optional; unix sockets never use it (they
-are 0600 files).
+one before it parses a byte of the request (`roles`: which token may call what). TLS is
+optional; unix sockets never use it (they are 0600 files).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import logging
 import os
 import ssl
 import stat
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import grpc
 
 from watchdog.errors import UsageError
-
-log = logging.getLogger(__name__)
 
 TOKEN_ENV = "WATCHDOG_TOKEN"
 TOKEN_HEADER = "authorization"
@@ -35,10 +31,18 @@ Metadata = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class ServerSecurity:
-    """What the coordinator demands: a token (None: accept all) and TLS (None: plaintext)."""
+    """What the coordinator demands: tokens (`token` for every role that has none of its own
+    in `role_tokens`; none at all: callers on this machine only, see `roles`) and TLS (None:
+    plaintext)."""
 
     token: str | None = None
     credentials: grpc.ServerCredentials | None = None
+    role_tokens: Mapping[str, str] = field(default_factory=dict)  # role name -> its token
+
+    def tokens(self, roles: Iterable[str]) -> dict[str, str]:
+        """Each of `roles` that has a token, with it."""
+        chosen = {role: self.role_tokens.get(role, self.token) for role in roles}
+        return {role: token for role, token in chosen.items() if token}
 
 
 @dataclass(frozen=True)
@@ -53,17 +57,22 @@ class ClientSecurity:
 
 
 def server_security(token_file: str | None, cert: str | None, key: str | None,
-                    client_ca: str | None) -> ServerSecurity:
-    """From the coordinator's --token-file, --tls-cert, --tls-key and --tls-client-ca."""
+                    client_ca: str | None,
+                    role_token_files: Mapping[str, str | None] | None = None) -> ServerSecurity:
+    """From the coordinator's --token-file, --tls-cert, --tls-key, --tls-client-ca and the
+    token file of each role (--agent-token-file, ...)."""
     if (cert is None) != (key is None) or (client_ca is not None and cert is None):
         raise UsageError("TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)")
     token = load_token(token_file)
+    role_tokens = {role: _load_file_token(path)
+                   for role, path in (role_token_files or {}).items() if path is not None}
     if cert is None or key is None:
-        return ServerSecurity(token)
+        return ServerSecurity(token, role_tokens=role_tokens)
     chain, private_key = _read_key_pair(cert, key)
     ca = None if client_ca is None else _read_certificates(client_ca, "client CA certificate")
     return ServerSecurity(token, grpc.ssl_server_credentials(
-        [(private_key, chain)], root_certificates=ca, require_client_auth=ca is not None))
+        [(private_key, chain)], root_certificates=ca, require_client_auth=ca is not None),
+        role_tokens)
 
 
 def client_security(token_file: str | None, ca: str | None, cert: str | None,
@@ -84,6 +93,10 @@ def load_token(path: str | None) -> str | None:
     if path is None:
         value = os.environ.get(TOKEN_ENV)
         return None if value is None else _check_token(value, f"${TOKEN_ENV}")
+    return _load_file_token(path)
+
+
+def _load_file_token(path: str) -> str:
     try:
         mode = os.stat(path).st_mode
         if mode & stat.S_IRWXO:
@@ -157,36 +170,3 @@ def is_loopback(address: str) -> bool:
 
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
-_HANDLER_OF_KIND = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
-class TokenCheck(grpc.aio.ServerInterceptor):
-    """Refuses, with UNAUTHENTICATED, every call that does not carry the coordinator's token."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    def accepts(self, metadata: Any) -> bool:
-        presented = next((value for key, value in metadata or () if key == TOKEN_HEADER), "")
-        presented = presented.encode() if isinstance(presented, str) else presented
-        return hmac.compare_digest(presented, self._expected)
-
-    async def intercept_service(
-            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
-            details: grpc.HandlerCallDetails) -> Handler | None:
-        handler = await continuation(details)
-        if handler is None or self.accepts(details.invocation_metadata):
-            return handler
-        method = details.method
-
-        async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            log.warning("refused %s from %s: %s", method, context.peer(), REFUSED)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
-
-        make = _HANDLER_OF_KIND[handler.request_streaming, handler.response_streaming]
-        return make(refuse)

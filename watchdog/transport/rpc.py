@@ -2,13 +2,15 @@
 
 Messages cross this module only as `model` dataclasses: `wire` converts at the boundary, and a
 message that fails validation is logged and dropped without ending the stream. Bytes that are not
-a protobuf message at all end their call with INVALID_ARGUMENT. Tokens and TLS: `auth`.
+a protobuf message at all end their call with INVALID_ARGUMENT. Tokens and TLS: `auth`; which
+credential may call which method: `roles`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,13 +18,19 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from watchdog.errors import AuthError, CoordinatorUnreachableError, MessageRejectedError
+from watchdog.errors import (
+    AuthError,
+    CoordinatorUnreachableError,
+    MessageRejectedError,
+    UsageError,
+)
 from watchdog.model import NodeReport, StackReply, StackRequest
 from watchdog.transport import wire as _wire
-from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, TokenCheck, is_loopback
+from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, is_loopback
 from watchdog.transport.health import Health, OpenHealth
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
+from watchdog.transport.roles import Guard, Role, certificate_names
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 NOT_A_MESSAGE = "not a protobuf message of the expected type"
 # Sent by Connect before anything else: the call got past the token check.
 ACCEPTED_KEY = "watchdog-accepted"
+REFUSED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 SESSION_OUTBOX = 64
@@ -50,13 +59,14 @@ class AgentSession:
     """The coordinator's side of one connected agent."""
 
     peer: str
+    names: frozenset[str] | None = None  # what its client certificate vouches for, if any
     node: str = ""  # known from its first report
     outbox: asyncio.Queue[StackRequest] = field(
         default_factory=lambda: asyncio.Queue(SESSION_OUTBOX))
 
 
 class CoordinatorHandler(Protocol):
-    def open_session(self, peer: str) -> AgentSession: ...
+    def open_session(self, peer: str, names: frozenset[str] | None) -> AgentSession: ...
 
     def close_session(self, session: AgentSession) -> None: ...
 
@@ -74,7 +84,7 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         context: grpc.aio.ServicerContext[pb.AgentMessage, pb.CoordinatorMessage],
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         await context.send_initial_metadata(((ACCEPTED_KEY, "1"),))
-        session = self._handler.open_session(context.peer())
+        session = self._handler.open_session(context.peer(), certificate_names(context))
         reader = asyncio.create_task(self._read(request_iterator, session))
         try:
             while not reader.done():
@@ -157,10 +167,16 @@ async def start_server(handler: CoordinatorHandler, address: str,
     """Serve on `address` (HOST:PORT, or unix:PATH: plaintext whatever `security` says), with
     the standard health service too when given one; returns the server and the bound port."""
     security = security or ServerSecurity()
-    # The token is checked first, so a caller without it never gets a byte parsed.
-    interceptors: list[grpc.aio.ServerInterceptor] = [_RejectUnparsable()]
-    if security.token:
-        interceptors.insert(0, OpenHealth(TokenCheck(security.token)))
+    tokens = {Role(role): token for role, token in security.tokens(r.value for r in Role).items()}
+    if not tokens and not is_loopback(address):
+        raise UsageError(f"listening on {address} without a token would let anyone who reaches "
+                         "it read every job and send reports",
+                         hint="pass --token-file (with --tls-cert/--tls-key across a network), "
+                              "or listen on 127.0.0.1")
+    # Credentials are checked first, so a caller without them never gets a byte parsed.
+    # A kubelet probes health without credentials: that service alone is open.
+    interceptors: list[grpc.aio.ServerInterceptor] = [OpenHealth(Guard(tokens)),
+                                                      _RejectUnparsable()]
     server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
     if health is not None:
@@ -172,9 +188,10 @@ async def start_server(handler: CoordinatorHandler, address: str,
     if port == 0 and not address.startswith("unix:"):
         raise CoordinatorUnreachableError(f"cannot listen on {address}",
                                           hint="is another coordinator using that port?")
-    if security.token is None and not is_loopback(address):
-        log.warning("listening on %s without a token: anyone who reaches it can send reports "
-                    "and read jobs; pass --token-file", address)
+    if not tokens and not address.startswith("unix:"):
+        log.warning("listening on %s without a token: only root and uid %d on this machine may "
+                    "call it; pass --token-file to serve other users or nodes", address,
+                    os.geteuid())
     await server.start()
     return server, port
 
@@ -204,7 +221,7 @@ class CoordinatorClient:
             reply = await self._stub.Status(_wire.status_request_to_pb(job_id), timeout=timeout,
                                             metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            if e.code() in REFUSED_CODES:
                 raise self._refused(e) from e
             raise CoordinatorUnreachableError(
                 f"coordinator at {self.address}: {e.details() or e.code().name}",
@@ -229,7 +246,7 @@ class CoordinatorClient:
                 if request is not None:
                     yield request
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            if e.code() in REFUSED_CODES:
                 raise self._refused(e) from e
             raise
         except asyncio.CancelledError:

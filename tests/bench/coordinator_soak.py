@@ -1,0 +1,220 @@
+"""A long-running coordinator forgets what it should (a script, not a test):
+`python tests/bench/coordinator_soak.py [--jobs 20000]`.
+
+A real `watchdog coordinator` process is fed short jobs over loopback gRPC by one agent (the real
+CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment, then
+rank 1 dies (exit code 1) and rank 0 ends a moment later; then the job is no longer reported, as
+an agent forgets a job that ended. Jobs overlap (a new one starts every few milliseconds), and
+the coordinator runs with a short --job-retention, so it should forget each job seconds after
+its last report. Printed: the coordinator's RSS and the jobs it follows at the start, the middle
+and the end; the incidents stored; the verdict on the first job and on the last (they should
+read alike, job ids aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from watchdog.cli.demo import free_port  # noqa: E402
+from watchdog.model import (  # noqa: E402
+    Frame,
+    GroupProgress,
+    NodeReport,
+    RankStack,
+    RankState,
+    StackReply,
+)
+from watchdog.transport import AgentMessage, CoordinatorClient  # noqa: E402
+
+REPORT_INTERVAL_S = 0.1
+RUN_S, DYING_S, GONE_S = 0.6, 0.8, 0.4  # a job's phases: running, rank 1 exited, both exited
+RETENTION_S = 3.0
+MIB = 1 << 20
+
+
+@dataclass
+class Job:
+    n: int
+    started: float
+    verdict: dict[str, Any] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"soak-{self.n:06d}"
+
+    def states(self, now: float) -> list[RankState]:
+        age = now - self.started
+        if age > RUN_S + DYING_S + GONE_S:
+            return []
+        steps = int(min(age, RUN_S) / 0.05)
+        return [self._rank(rank, steps, now, exited=(
+            rank == 1 and age > RUN_S) or age > RUN_S + DYING_S) for rank in (0, 1)]
+
+    def _rank(self, rank: int, steps: int, now: float, exited: bool) -> RankState:
+        end = self.started + RUN_S + (DYING_S if rank == 0 else 0.0)
+        return RankState(
+            job_id=self.job_id, rank=rank, local_rank=rank, world_size=2, host="soak-node",
+            pid=100_000 + self.n * 2 + rank, hooked=True, proc_state="" if exited else "S",
+            heartbeat_age=0.1, steps=steps, events=3 * steps, last_event_at=now,
+            groups=(GroupProgress("0", (), 2 * steps, "all_reduce", 2 * steps,
+                                  self.started + steps * 0.05),),
+            exited_at=end if exited else None, exit_code=(1 if rank == 1 else 0) if exited
+            else None, clean_exit=exited and rank == 0)
+
+
+@dataclass
+class Feeder:
+    total: int
+    started_every: float
+    jobs: list[Job] = field(default_factory=list)
+    outbox: asyncio.Queue[AgentMessage] = field(default_factory=asyncio.Queue)
+    answered: int = 0
+
+    async def outgoing(self) -> AsyncIterator[AgentMessage]:
+        while True:
+            yield await self.outbox.get()
+
+    async def feed(self) -> None:
+        begin = time.time()
+        while True:
+            now = time.time()
+            due = min(self.total, int((now - begin) / self.started_every) + 1)
+            self.jobs += [Job(n, now) for n in range(len(self.jobs), due)]
+            states = [s for job in self.active(now) for s in job.states(now)]
+            self.outbox.put_nowait(NodeReport("soak-node", now, tuple(states)))
+            if len(self.jobs) == self.total and not states:
+                return
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
+    def active(self, now: float) -> list[Job]:
+        horizon = RUN_S + DYING_S + GONE_S
+        return [job for job in self.jobs[-int(horizon / self.started_every) - 50:]
+                if now - job.started <= horizon]
+
+    async def answer(self, client: CoordinatorClient) -> None:
+        async for request in client.connect(self.outgoing()):
+            stacks = tuple(RankStack(rank, 100_000 + rank, frames=(
+                Frame("wait", "train.py", 10),)) for rank in request.ranks)
+            self.outbox.put_nowait(StackReply(request.request_id, "soak-node", stacks))
+            self.answered += 1
+
+
+def status(address: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "watchdog", "status", "--json",
+                          "--coordinator", address], capture_output=True, text=True,
+                         timeout=120, check=True)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def verdict_of(address: str, job_id: str) -> dict[str, Any] | None:
+    for view in status(address)["jobs"]:
+        if view["job_id"] == job_id and view["verdict"] is not None:
+            verdict: dict[str, Any] = view["verdict"]
+            return verdict
+    return None
+
+
+def comparable(verdict: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": verdict["kind"], "culprit_ranks": verdict["culprit_ranks"],
+            "waiting_ranks": verdict["waiting_ranks"],
+            "summary": verdict["summary"].replace(verdict["job_id"], "JOB").split(" at ")[0]}
+
+
+async def watch(feeder: Feeder, address: str, proc: psutil.Process) -> list[str]:
+    """Samples of RSS and jobs followed, at the start, the middle and the end; the verdicts on
+    the first and the last job once they come."""
+    lines: list[str] = []
+    marks = {"start": 1000, "middle": feeder.total // 2, "end": feeder.total}
+    for name, at in marks.items():
+        while len(feeder.jobs) < at:
+            await asyncio.sleep(0.2)
+        followed = len((await asyncio.to_thread(status, address))["jobs"])
+        lines.append(f"{name:>6} (job {at:>6}): RSS {proc.memory_info().rss / MIB:6.1f} MiB, "
+                     f"jobs followed {followed}")
+    return lines
+
+
+async def judge_edges(feeder: Feeder, address: str) -> None:
+    for index in (0, -1):
+        while len(feeder.jobs) < (1 if index == 0 else feeder.total):
+            await asyncio.sleep(0.05)
+        job = feeder.jobs[index]
+        while job.verdict is None and time.time() - job.started < 30:
+            job.verdict = await asyncio.to_thread(verdict_of, address, job.job_id)
+
+
+async def soak(total: int, every: float, address: str, proc: psutil.Process) -> list[str]:
+    feeder = Feeder(total, every)
+    client = CoordinatorClient(address)
+    answering = asyncio.create_task(feeder.answer(client))
+    edges = asyncio.create_task(judge_edges(feeder, address))
+    watching = asyncio.create_task(watch(feeder, address, proc))
+    begin = time.monotonic()
+    await feeder.feed()
+    lines = await watching
+    await edges
+    await asyncio.sleep(RETENTION_S + 6)  # the coordinator sweeps every 5 s
+    followed = len((await asyncio.to_thread(status, address))["jobs"])
+    lines.append(f"after {RETENTION_S + 6:.0f}s of silence: RSS "
+                 f"{proc.memory_info().rss / MIB:6.1f} MiB, jobs followed {followed}")
+    lines.append(f"{total} jobs fed in {time.monotonic() - begin:.0f}s; stack requests answered: "
+                 f"{feeder.answered}")
+    first, last = feeder.jobs[0].verdict, feeder.jobs[-1].verdict
+    for name, verdict in (("first", first), ("last", last)):
+        lines.append(f"verdict on the {name} job: " + (
+            json.dumps(comparable(verdict)) if verdict else "none within 30 s"))
+    alike = first is not None and last is not None and comparable(first) == comparable(last)
+    lines.append(f"first and last judged alike: {alike}")
+    answering.cancel()
+    await client.close()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--every", type=float, default=0.01, help="seconds between job starts")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "incidents.db")
+        address = f"127.0.0.1:{free_port()}"
+        log = Path(tmp, "coordinator.log")
+        with log.open("w") as out:
+            coordinator = subprocess.Popen(
+                [sys.executable, "-m", "watchdog", "coordinator", "--listen", address, "--db",
+                 db, "--keep", str(10 * args.jobs), "--job-retention", str(RETENTION_S)],
+                stderr=out)
+        try:
+            while "listening on" not in log.read_text():
+                assert coordinator.poll() is None, log.read_text()
+                time.sleep(0.1)
+            lines = asyncio.run(soak(args.jobs, args.every, address,
+                                     psutil.Process(coordinator.pid)))
+        finally:
+            coordinator.terminate()
+            coordinator.wait(30)
+        with sqlite3.connect(db) as conn:
+            (stored,) = conn.execute("SELECT COUNT(*) FROM incidents").fetchone()
+    print("\n".join([*lines, f"incidents stored: {stored} (one per job)"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Incidents reach the database from a thread, and none is lost while it fails (coordinator
+process).
+
+SQLite blocks: on a locked database, for its whole busy timeout. The event loop never waits for
+it: every call runs in one thread of its own. An incident the database refuses is kept, in
+order, and stored when the database works again (retried every RETRY_S); meanwhile it is
+printed and acted on like any other. What is still pending when the coordinator stops goes to a
+file beside the database, which the next process to open it stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from watchdog.coordinator.store import IncidentStore
+from watchdog.errors import WatchdogError
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0
+_FAILURES = (sqlite3.Error, OSError, WatchdogError)
+T = TypeVar("T")
+
+
+class IncidentSaver:
+    def __init__(self, store: IncidentStore) -> None:
+        self.store = store
+        self.pending: list[dict[str, Any]] = []  # oldest first
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="incident-db")
+        self._lock = asyncio.Lock()
+        self._failing = False
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def save(self, incident: dict[str, Any]) -> bool:
+        """Store `incident` (after any still pending); True once it is stored, False when the
+        database failed and it waits for the next retry."""
+        self.pending.append(incident)
+        return await self.flush()
+
+    async def flush(self) -> bool:
+        """Store what is pending, oldest first; True when nothing is left."""
+        async with self._lock:
+            while self.pending:
+                try:
+                    await self._call(self.store.add, self.pending[0])
+                except _FAILURES as e:
+                    if not self._failing:
+                        log.error("cannot store incidents in %s: %s; keeping them and retrying "
+                                  "every %.0fs", self.store.path, str(e).split("\n")[0], RETRY_S)
+                    self._failing = True
+                    return False
+                self.pending.pop(0)
+            if self._failing:
+                log.info("the incident database %s works again: stored what was pending",
+                         self.store.path)
+                self._failing = False
+            return True
+
+    async def latest_json(self, job_id: str, kinds: Collection[str]) -> str | None:
+        """The newest stored incident of a job among those of `kinds`; None when there is none
+        or it cannot be read."""
+        return await self._read(None, self.store.latest_json, job_id, kinds)
+
+    async def kind_json(self, job_id: str, kind: str) -> list[str]:
+        """Every stored incident of one kind in a job, newest first; [] when they cannot be
+        read."""
+        return await self._read([], self.store.kind_json, job_id, kind)
+
+    async def _read(self, failed: T, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await self._call(fn, *args)
+        except _FAILURES as e:
+            log.warning("cannot read %s: %s", self.store.path, str(e).split("\n")[0])
+            return failed
+
+    async def retry_until(self, stop: asyncio.Event) -> None:
+        """Store what the database refused, every RETRY_S, until `stop`."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), RETRY_S)
+            except TimeoutError:
+                if self.pending:
+                    await self.flush()
+
+    async def close(self) -> None:
+        """One last try for what is pending; what still fails goes to the file beside the
+        database that the next opener stores from (`IncidentStore.spill`)."""
+        if self.pending and not await self.flush():
+            try:
+                await self._call(self.store.spill, self.pending)
+                log.error("%d incidents could not be stored in %s yet: kept in %s, stored the "
+                          "next time it opens", len(self.pending), self.store.path,
+                          self.store.spill_path)
+            except OSError as e:
+                log.error("%d incidents could not be stored in %s: %s", len(self.pending),
+                          self.store.path, e)
+        await self._call(self.store.close)
+        self._executor.shutdown(wait=True)
