@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,16 @@ def stop_process(proc: subprocess.Popen[str], grace: float = 20.0) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.communicate()[0]
+
+
+def wait_for_output(proc: subprocess.Popen[bytes], output: Callable[[], str], marker: str,
+                    timeout: float = 30.0) -> None:
+    """Until a daemon's `output` holds `marker`; fails with that output if it exits first."""
+    deadline = time.monotonic() + timeout
+    while marker not in output():
+        assert proc.poll() is None, f"the daemon exited:\n{output()}"
+        assert time.monotonic() < deadline, f"no {marker!r} after {timeout:.0f} s:\n{output()}"
+        time.sleep(0.05)
 
 
 def fault_time(output: str, fault: str) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _harness import WATCHDOG
+from _harness import WATCHDOG, wait_for_output
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -70,11 +70,7 @@ def coordinator(tmp: Path, *flags: str) -> Iterator[Daemon]:
                                 stdout=out, stderr=subprocess.STDOUT)
     daemon = Daemon(address, proc, log)
     try:
-        deadline = time.monotonic() + 30
-        while "listening on" not in daemon.output():
-            assert proc.poll() is None, f"coordinator exited:\n{daemon.output()}"
-            assert time.monotonic() < deadline, f"coordinator did not start:\n{daemon.output()}"
-            time.sleep(0.05)
+        wait_for_output(proc, daemon.output, "listening on")
         yield daemon
     finally:
         proc.terminate()

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pytest
 from _browser import screenshot
-from _harness import WATCHDOG, job_env
+from _harness import WATCHDOG, job_env, wait_for_output
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -77,11 +77,7 @@ def web_coordinator(tmp: Path, *flags: str, web_host: str = "127.0.0.1") -> Iter
     scheme = "https" if "--tls-cert" in flags else "http"
     web = Web(proc, grpc_address, f"{scheme}://{web_address}", log)
     try:
-        deadline = time.monotonic() + 30
-        while "web view on" not in web.output():
-            assert proc.poll() is None, f"coordinator exited:\n{web.output()}"
-            assert time.monotonic() < deadline, f"no web view:\n{web.output()}"
-            time.sleep(0.05)
+        wait_for_output(proc, web.output, "web view on")
         yield web
     finally:
         proc.terminate()
