@@ -231,7 +231,7 @@ def test_spawned_ranks_record_as_the_rank_init_process_group_gives_them(tmp_path
         env=hooked_env(tmp_path), capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     snaps = beacons(tmp_path)
-    assert sorted(snaps) == [0, 1] and len(list(tmp_path.glob("*.beacon"))) == 2
+    assert sorted(snaps) == [0, 1] and len(list(tmp_path.glob("*/*.beacon"))) == 2
     for rank, snap in snaps.items():
         assert (snap.identity.rank, snap.identity.world_size, snap.identity.job_id) == (
             rank, 2, "test-job")

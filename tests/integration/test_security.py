@@ -203,6 +203,16 @@ def test_coordinator_refuses_an_exposed_token_file(tmp_path: Path) -> None:
     assert "listening" not in out.stderr
 
 
+def test_a_second_coordinator_on_a_taken_port_says_so(guarded: Daemon, tmp_path: Path) -> None:
+    out = subprocess.run([*WATCHDOG, "coordinator", "--listen", guarded.address, "--db",
+                          str(tmp_path / "i.db"), "--token-file", token_file(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"cannot listen on {guarded.address}" in out.stderr
+    assert "hint: is another coordinator using that port?" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_agent_with_wrong_token_keeps_retrying(guarded: Daemon, tmp_path: Path) -> None:
     def agent(token: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = tmp_path / f"agent-{token[:5]}.log"

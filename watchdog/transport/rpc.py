@@ -181,10 +181,13 @@ async def start_server(handler: CoordinatorHandler, address: str,
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
     if health is not None:
         health.add_to(server)
-    if security.credentials is None or address.startswith("unix:"):
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, security.credentials)
+    try:
+        if security.credentials is None or address.startswith("unix:"):
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, security.credentials)
+    except RuntimeError:  # what grpc raises when it cannot bind
+        port = 0
     if port == 0 and not address.startswith("unix:"):
         raise CoordinatorUnreachableError(f"cannot listen on {address}",
                                           hint="is another coordinator using that port?")
