@@ -6,7 +6,9 @@ does to the file can hurt the reader; and who counts as the beacon's writer."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,8 +132,31 @@ def test_truncation_and_growth_under_the_reader_are_errors_not_crashes(tmp_path:
     os.close(fd)
 
 
+@functools.cache
+def good_beacon() -> bytes:
+    """A real beacon's bytes, with a group in use."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        writer = writer_in(Path(d))
+        writer.group_slot("0", (0, 1), 2)
+        writer.publish(3, [(4, b"all_reduce", time.time())], {0: 3}, time.time())
+        data = Path(writer.path).read_bytes()
+        writer.close()
+        return data
+
+
+def damaged(spans: list[tuple[int, bytes]]) -> bytes:
+    """A real beacon with random bytes written over some of it: its header still passes, so
+    the reader goes on to everything behind it."""
+    data = bytearray(good_beacon())
+    for at, junk in spans:
+        data[at:at + len(junk)] = junk
+    return bytes(data[:SIZE])
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.binary(max_size=SIZE + 16) | st.binary(min_size=SIZE, max_size=SIZE))
+@given(data=st.binary(max_size=512) | st.lists(
+    st.tuples(st.integers(16, SIZE - 1), st.binary(min_size=1, max_size=64)),
+    min_size=1, max_size=8).map(damaged))
 def test_any_bytes_read_as_a_beacon_or_a_beacon_error(data: bytes) -> None:
     path = Path(f"/dev/shm/thw-unit-fuzz-{os.getpid()}")
     path.write_bytes(data)

@@ -177,7 +177,10 @@ async def start_server(handler: CoordinatorHandler, address: str,
     # A kubelet probes health without credentials: that service alone is open.
     interceptors: list[grpc.aio.ServerInterceptor] = [OpenHealth(Guard(tokens)),
                                                       _RejectUnparsable()]
-    server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
+    # Without SO_REUSEPORT (grpc's default) a second coordinator on a taken port would start
+    # and silently share the agents' connections with the first.
+    server = grpc.aio.server(interceptors=interceptors,
+                             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     pb_grpc.add_CoordinatorServicer_to_server(_Servicer(handler), server)
     if health is not None:
         health.add_to(server)
