@@ -89,8 +89,12 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
 def preflight() -> None:
     """py-spy dumps a child of this process, as the agent dumps a worker; WatchdogError if not."""
     py_spy = find_py_spy()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # It says when its interpreter runs: dumped any earlier, py-spy finds no Python in it yet.
+    child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); "
+                              "time.sleep(60)"], stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None
+        child.stdout.readline()
         dump = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True,
                               text=True, timeout=30)
     finally:
