@@ -50,12 +50,23 @@ class RunSocket:
         return f"watchdog run, pid {self.pid}, user {_user_name(self.uid)}"
 
 
+def own_runtime_dir(env: Mapping[str, str] = os.environ) -> str | None:
+    """$XDG_RUNTIME_DIR when it is this user's own private directory (0700, as the XDG spec
+    has it), not a link; else None."""
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    try:
+        st = os.lstat(runtime) if os.path.isabs(runtime) else None
+    except OSError:
+        return None
+    if st is None or not _private_to(st, os.geteuid()) or st.st_mode & 0o077:
+        return None
+    return runtime
+
+
 def runs_dir(env: Mapping[str, str] = os.environ) -> str:
     """Where this user's runs put their sockets."""
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if os.path.isabs(runtime) and _owned_by_us(runtime):
-        return os.path.join(runtime, NAME)
-    return f"/tmp/{NAME}-{os.geteuid()}"
+    runtime = own_runtime_dir(env)
+    return os.path.join(runtime, NAME) if runtime else f"/tmp/{NAME}-{os.geteuid()}"
 
 
 def claim_run_socket(pid: int, env: Mapping[str, str] = os.environ) -> str | None:
@@ -189,13 +200,6 @@ def _pid_owner(pid: int) -> int | None:
 
 def _private_to(st: os.stat_result, owner: int) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == owner and not st.st_mode & 0o022
-
-
-def _owned_by_us(path: str) -> bool:
-    try:
-        return os.stat(path).st_uid == os.geteuid()
-    except OSError:
-        return False
 
 
 def _user_name(uid: int) -> str:

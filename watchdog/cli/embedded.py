@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from agent.daemon import Agent
 from agent.workers import Worker
 from watchdog import env as _env
 from watchdog import metrics
-from watchdog.cli.discover import claim_run_socket
+from watchdog.cli.discover import claim_run_socket, own_runtime_dir
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
@@ -176,19 +175,9 @@ def private_run_dir(env: Mapping[str, str] = os.environ) -> str:
     """A new directory only this user can enter, for the socket and the job's beacons: under
     $XDG_RUNTIME_DIR when it is this user's own 0700 directory, else in /dev/shm or the
     temporary directory (sticky: nobody else can rename or replace what we make there)."""
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    parent = runtime if runtime and _private(runtime) else (
+    parent = own_runtime_dir(env) or (
         "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     return tempfile.mkdtemp(prefix="torch-hang-watchdog-run-", dir=parent)
-
-
-def _private(directory: str) -> bool:
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO))
 
 
 def _live_worker_pids(agent: Agent) -> list[int]:
