@@ -88,17 +88,19 @@ class Recorder:
         self._manual_steps = False
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
-        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
-        self.check_at = self.checks.first_check  # the step count at which checks are next due
+        self._run_checks(checks, check_every)
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
         """Begin recording an armed process as the rank `identity` names, with those checks."""
         self.writer, self.identity, self.pid = writer, identity, identity.pid
-        self.checks = Checks(checks, check_every, self.steps_taken)
-        self.check_at = self.checks.first_check
+        self._run_checks(checks, check_every)
         self.enabled = True
+
+    def _run_checks(self, checks: frozenset[str], check_every: int) -> None:
+        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
+        self.check_at = self.checks.first_check  # the step count at which checks are next due
 
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
