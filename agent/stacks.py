@@ -122,9 +122,12 @@ async def sample_stack(rank: int, pid: int, native: bool = False, samples: int =
     hung). Only the last is taken with native frames, which are slower to get."""
     taken: list[RankStack] = []
     stack = RankStack(rank, pid)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     for index in range(samples):
-        if index:
-            await asyncio.sleep(SAMPLE_SPREAD_S / (samples - 1))
+        if index:  # on a schedule from the first: slow dumps do not stretch the spread
+            due = start + SAMPLE_SPREAD_S * index / (samples - 1)
+            await asyncio.sleep(max(0.0, due - loop.time()))
         stack = await dump_stack(rank, pid, native and index == samples - 1)
         if stack.frames:
             taken.append(stack)

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import job_env, stop_process
+from _harness import FLOOR_S, assert_called_at, job_env, stop_process
 from test_daemons import WATCHDOG, status
 
 from watchdog.cli.demo import TRAIN_SCRIPT, free_port
 
 DEADLINE_S = 150
-FLOOR_S = 10.0  # --stall-floor's default
 
 
 class Cluster:
@@ -97,7 +96,7 @@ def test_culprit_on_the_other_node(cluster: Cluster) -> None:
         0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 
 
-def test_with_default_settings_a_stall_on_the_other_node_is_named_within_the_floor_plus_2_s(
+def test_with_default_settings_a_stall_on_the_other_node_is_named_once_the_floor_passes(
         tmp_path: Path) -> None:
     """Agents reporting once a second, as services do, and the adaptive threshold."""
     cluster = Cluster(tmp_path, defaults=True)
@@ -108,7 +107,7 @@ def test_with_default_settings_a_stall_on_the_other_node_is_named_within_the_flo
         output = cluster.stop()
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("MISSING_RANKS", [3])
     began = float(re.findall(r"fault data_stall at step \d+, time ([\d.]+)", output)[0])
-    assert verdict["detected_at"] - began <= FLOOR_S + 2
+    assert_called_at(FLOOR_S, verdict["detected_at"], began)
 
 
 def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:

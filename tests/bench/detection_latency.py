@@ -1,0 +1,69 @@
+"""How long after a rank stops a hang is named, at the defaults a user gets (a script, not a
+test): `python tests/bench/detection_latency.py [--runs 3] [--steps 6 60] [--hogs 0]`.
+
+Each run is `watchdog run --on-hang kill` over a 4-rank torchrun job (gloo, CPU) in which
+rank 1 blocks in data loading at the given step; the latency is the incident's `detected_at`
+minus the time the rank printed as its fault began. The target is the stall floor (10 s) plus
+2 s. `--hogs N` keeps N processes spinning on the CPU meanwhile, as a shared CI machine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from watchdog.cli.demo import torchrun_command  # noqa: E402
+
+FLOOR_S = 10.0  # --stall-floor's default
+HOG = "while True: pass"
+
+
+def latency(step: int, workdir: Path) -> float:
+    """Seconds from the fault to the incident of one run."""
+    report = workdir / "incident.json"
+    env = {**os.environ, "WATCHDOG_BEACON_DIR": str(workdir / "beacons"),
+           "WATCHDOG_DB": str(workdir / "incidents.db"), "OMP_NUM_THREADS": "1"}
+    job = torchrun_command(4, "--fault", "data_stall", "--fault-rank", "1",
+                           "--fault-step", str(step))
+    done = subprocess.run([sys.executable, "-m", "watchdog", "run", "--on-hang", "kill",
+                           "--report", str(report), "--", *job],
+                          env=env, capture_output=True, text=True, timeout=300)
+    began = [float(line.rsplit("time ", 1)[1]) for line in done.stderr.splitlines()
+             if line.startswith("fault data_stall at step")]
+    if not began or not report.exists():
+        raise SystemExit(f"no fault or no incident (exit {done.returncode}):\n{done.stderr}")
+    return float(json.loads(report.read_text())["detected_at"]) - min(began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, nargs="+", default=[6, 60])
+    parser.add_argument("--hogs", type=int, default=0)
+    args = parser.parse_args()
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(args.hogs)]
+    try:
+        for step in args.steps:
+            seen = []
+            for _ in range(args.runs):
+                with tempfile.TemporaryDirectory() as workdir:
+                    seen.append(latency(step, Path(workdir)))
+            print(f"stall at step {step}, {args.hogs} CPU hogs: "
+                  f"{', '.join(f'{s:.2f}' for s in seen)} s; median {statistics.median(seen):.2f}"
+                  f" s, max {max(seen):.2f} s (target {FLOOR_S + 2:.0f} s)", flush=True)
+    finally:
+        for hog in hogs:
+            hog.kill()
+
+
+if __name__ == "__main__":
+    main()
