@@ -438,6 +438,38 @@ def test_exit_summary_says_what_the_rank_raised_or_what_killed_it(
     assert (verdict.advice.category if verdict.advice else None) == category
 
 
+# What rank 0 of a gloo job raised when rank 1 was killed, from a real run.
+PEER_CLOSED = ExitReason(
+    "RuntimeError", "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:13513. This is typically caused by a remote worker "
+    "crashing. Check the logs of the remote worker before reporting an error. GLHF!",
+    (Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2950),
+     Frame("main", TRAIN, 289)))
+
+
+@pytest.mark.parametrize("killed_after", [0.016, -0.016])
+def test_a_rank_that_lost_its_peer_is_not_blamed_for_the_peer_killed_about_then(
+        killed_after: float) -> None:
+    """The times of a real run where the kernel dated the SIGKILL 16 ms after rank 0 raised."""
+    lost = dataclasses.replace(exited(rank(0, entered(3, 0.9)), at=1.0, code=1, clean=False),
+                               exit_reason=PEER_CLOSED)
+    killed = dataclasses.replace(exited(rank(1, done(2, 0.5)), at=1.0 + killed_after, code=None,
+                                        clean=False), exit_reason=ExitReason(signal="SIGKILL"))
+    verdict = decide(snapshot(lost, killed, stalled=False))
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks) == (Kind.RANK_EXITED, (1,))
+    assert verdict.summary.startswith("rank 1 was killed by SIGKILL at ")
+
+
+def test_when_every_rank_lost_a_peer_the_first_to_exit_is_named() -> None:
+    first, second = (
+        dataclasses.replace(exited(rank(r, entered(3, 0.9)), at=at, code=1, clean=False),
+                            exit_reason=PEER_CLOSED) for r, at in ((1, 1.0), (0, 1.2)))
+    verdict = decide(snapshot(second, first, stalled=False))
+    assert verdict is not None
+    assert verdict.culprit_ranks == (1,)
+
+
 def test_mismatch_between_equal_sides_blames_the_side_with_the_lowest_rank() -> None:
     job = snapshot(
         rank(0, entered(57, 3.0, ranks=PAIR)), rank(1, entered(57, 3.1, op="barrier", ranks=PAIR))
