@@ -7,7 +7,9 @@ blocking (py-spy: "Failed to get stack traces"), so it gets `--nonblocking` at o
 
 With `native`, a dump first asks for native frames too (C, C++ and CUDA-library frames between
 the Python ones); that is slower and fails on more processes, so it has a shorter timeout and
-falls back to Python frames alone.
+falls back to Python frames alone. Symbolizing torch's libraries costs each native dump of a
+rank about 0.6 s of CPU, so they take turns, one a CPU: four at once on a loaded 2-core machine
+took 2.1-2.3 s each, and past the timeout all of that work is lost.
 """
 
 from __future__ import annotations
@@ -116,10 +118,11 @@ def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
                  for f in main.get("frames", []) if isinstance(f, dict))
 
 
-async def sample_stack(rank: int, pid: int, native: bool = False, samples: int = 1) -> RankStack:
+async def sample_stack(rank: int, pid: int, native: asyncio.Semaphore | None = None,
+                       samples: int = 1) -> RankStack:
     """`samples` stacks of `pid` spread over SAMPLE_SPREAD_S: the last one, and whether the
     innermost Python frame moved between them (a rank running Python, however slowly, is not
-    hung). Only the last is taken with native frames, which are slower to get."""
+    hung). Only the last is taken with native frames, when given `native` (their turns)."""
     taken: list[RankStack] = []
     stack = RankStack(rank, pid)
     loop = asyncio.get_running_loop()
@@ -128,7 +131,11 @@ async def sample_stack(rank: int, pid: int, native: bool = False, samples: int =
         if index:  # on a schedule from the first: slow dumps do not stretch the spread
             due = start + SAMPLE_SPREAD_S * index / (samples - 1)
             await asyncio.sleep(max(0.0, due - loop.time()))
-        stack = await dump_stack(rank, pid, native and index == samples - 1)
+        if native is not None and index == samples - 1:
+            async with native:  # its turn: see the module's docstring
+                stack = await dump_stack(rank, pid, native=True)
+        else:
+            stack = await dump_stack(rank, pid)
         if stack.frames:
             taken.append(stack)
     if not taken:
@@ -146,6 +153,8 @@ def moved(stacks: list[RankStack]) -> bool:
 
 async def dump_stacks(targets: list[tuple[int, int]], native: bool = False,
                       samples: int = 1) -> list[RankStack]:
-    """Stacks of (rank, pid) targets, all at once."""
-    return list(await asyncio.gather(*(sample_stack(rank, pid, native, samples)
+    """Stacks of (rank, pid) targets, all at once; with `native`, their native dumps one a CPU
+    at a time."""
+    turns = asyncio.Semaphore(len(os.sched_getaffinity(0))) if native else None
+    return list(await asyncio.gather(*(sample_stack(rank, pid, turns, samples)
                                        for rank, pid in targets)))
