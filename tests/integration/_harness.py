@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -9,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agent.stacks import find_py_spy
 from watchdog.errors import PtraceDeniedError
@@ -34,6 +37,19 @@ class WatchedRun:
 
     def stack_functions(self, rank: int) -> list[str]:
         return [frame["function"] for frame in self.rank(rank)["stack"]]
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every agent sees every torchrun job on the machine that has no hook, whichever test
+    started it: a test marked `unhooked_job` runs while no other test does (xdist's other worker
+    waits), so no other test's agent counts its ranks or judges its job."""
+    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"  # shared by the workers
+    alone = request.node.get_closest_marker("unhooked_job") is not None
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 
 
 def run_command(report: Path, job: list[str], watchdog_args: tuple[str, ...]) -> list[str]:

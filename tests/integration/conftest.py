@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 from _browser import chromium
-from _harness import JOB_TIMEOUT_S, WatchedRun, job_env, preflight, run_command, watched_run
+from _harness import (  # noqa: F401 (machine_share: a fixture every test here takes)
+    JOB_TIMEOUT_S,
+    WatchedRun,
+    job_env,
+    machine_share,
+    preflight,
+    run_command,
+    watched_run,
+)
 
 from watchdog.cli.demo import torchrun_command
 from watchdog.demo import TRAIN_SCRIPT

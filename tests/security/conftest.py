@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from _attack import AS_NOBODY, REPO, clean_env
-from _harness import preflight
+from _harness import machine_share, preflight  # noqa: F401 (a fixture every test takes)
 
 from watchdog.errors import WatchdogError
 
