@@ -118,11 +118,11 @@ def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
                  for f in main.get("frames", []) if isinstance(f, dict))
 
 
-async def sample_stack(rank: int, pid: int, native: asyncio.Semaphore | None = None,
+async def sample_stack(rank: int, pid: int, native_turns: asyncio.Semaphore | None = None,
                        samples: int = 1) -> RankStack:
     """`samples` stacks of `pid` spread over SAMPLE_SPREAD_S: the last one, and whether the
     innermost Python frame moved between them (a rank running Python, however slowly, is not
-    hung). Only the last is taken with native frames, when given `native` (their turns)."""
+    hung). Only the last is taken with native frames, when given `native_turns`."""
     taken: list[RankStack] = []
     stack = RankStack(rank, pid)
     loop = asyncio.get_running_loop()
@@ -131,8 +131,8 @@ async def sample_stack(rank: int, pid: int, native: asyncio.Semaphore | None = N
         if index:  # on a schedule from the first: slow dumps do not stretch the spread
             due = start + SAMPLE_SPREAD_S * index / (samples - 1)
             await asyncio.sleep(max(0.0, due - loop.time()))
-        if native is not None and index == samples - 1:
-            async with native:  # its turn: see the module's docstring
+        if native_turns is not None and index == samples - 1:
+            async with native_turns:  # see the module's docstring
                 stack = await dump_stack(rank, pid, native=True)
         else:
             stack = await dump_stack(rank, pid)

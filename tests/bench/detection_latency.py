@@ -10,8 +10,6 @@ minus the time the rank printed as its fault began. The target is the stall floo
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -19,7 +17,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
+
+from _harness import fault_time, job_env, run_command, watched_run  # noqa: E402
 
 from watchdog.cli.demo import torchrun_command  # noqa: E402
 
@@ -30,18 +30,14 @@ HOG = "while True: pass"
 def latency(step: int, workdir: Path) -> float:
     """Seconds from the fault to the incident of one run."""
     report = workdir / "incident.json"
-    env = {**os.environ, "WATCHDOG_BEACON_DIR": str(workdir / "beacons"),
-           "WATCHDOG_DB": str(workdir / "incidents.db"), "OMP_NUM_THREADS": "1"}
     job = torchrun_command(4, "--fault", "data_stall", "--fault-rank", "1",
                            "--fault-step", str(step))
-    done = subprocess.run([sys.executable, "-m", "watchdog", "run", "--on-hang", "kill",
-                           "--report", str(report), "--", *job],
-                          env=env, capture_output=True, text=True, timeout=300)
-    began = [float(line.rsplit("time ", 1)[1]) for line in done.stderr.splitlines()
-             if line.startswith("fault data_stall at step")]
-    if not began or not report.exists():
-        raise SystemExit(f"no fault or no incident (exit {done.returncode}):\n{done.stderr}")
-    return float(json.loads(report.read_text())["detected_at"]) - min(began)
+    done = subprocess.run(run_command(report, job, ("--on-hang", "kill")), env=job_env(workdir),
+                          capture_output=True, text=True, timeout=300)
+    run = watched_run(done.returncode, done.stdout + done.stderr, report)
+    if run.incident is None:
+        raise SystemExit(f"no incident (exit {done.returncode}):\n{run.output}")
+    return float(run.incident["detected_at"]) - fault_time(run.output, "data_stall")
 
 
 def main() -> None:

@@ -3,8 +3,6 @@ two agents and one coordinator over real gRPC on loopback."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 import time
@@ -14,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import FLOOR_S, assert_called_at, job_env, stop_process
+from _harness import FLOOR_S, assert_called_at, fault_time, job_env, stop_process, stored
 from test_daemons import WATCHDOG, status
 
 from watchdog.cli.demo import TRAIN_SCRIPT, free_port
@@ -111,8 +109,7 @@ def test_with_default_settings_a_stall_on_the_other_node_is_named_once_the_floor
     finally:
         output = cluster.stop()
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("MISSING_RANKS", [3])
-    began = float(re.findall(r"fault data_stall at step \d+, time ([\d.]+)", output)[0])
-    assert_called_at(FLOOR_S, verdict["detected_at"], began)
+    assert_called_at(FLOOR_S, verdict["detected_at"], fault_time(output, "data_stall"))
 
 
 def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:
@@ -124,9 +121,7 @@ def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -
     job = cluster.wait_for(lambda j: j["state"] in ("FINISHED", "FAILED"))
     assert job["state"] == "FINISHED"
     assert job["verdict"] is None
-    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=cluster.env("node-a"),
-                            capture_output=True, text=True, timeout=30, check=True).stdout
-    assert [i for i in json.loads(listed) if i["job_id"] == cluster.job_id] == []
+    assert [i for i in stored(cluster.tmp_path) if i["job_id"] == cluster.job_id] == []
 
 
 def test_node_whose_agent_is_gone_is_reported_unreachable(cluster: Cluster) -> None:
