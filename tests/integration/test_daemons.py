@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import WATCHDOG, job_env, stop_process
+from _harness import WATCHDOG, job_env, stop_process, stored
 
 from watchdog.cli.demo import free_port, torchrun_command
 
@@ -90,11 +90,9 @@ def end_job(job: subprocess.Popen[str]) -> None:
     job.communicate(timeout=60)
 
 
-def incidents_json(tmp_path: Path) -> str:
+def job_incidents(tmp_path: Path) -> list[dict[str, Any]]:
     """The stored incidents of this test's job (the agent sees other tests' jobs too)."""
-    listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
-                            capture_output=True, text=True, timeout=30, check=True).stdout
-    return json.dumps([i for i in json.loads(listed) if i["job_id"] == JOB_ID])
+    return [incident for incident in stored(tmp_path) if incident["job_id"] == JOB_ID]
 
 
 def culprit_functions(verdict: dict[str, Any]) -> list[str]:
@@ -145,17 +143,17 @@ def test_coordinator_killed_mid_hang_keeps_the_incident_once(daemons: Daemons,
     job = start_job(tmp_path, *WATCHDOG, "launch", "--")
     try:
         first = wait_for_verdict(daemons.address)["verdict"]
-        stored_before = incidents_json(tmp_path)
+        stored_before = job_incidents(tmp_path)
         daemons.kill_coordinator()
         daemons.coordinator = daemons.start_coordinator()
         again = wait_for_verdict(daemons.address)["verdict"]  # the agent reconnected, resent
     finally:
         end_job(job)
     assert again == first
-    stored_after = incidents_json(tmp_path)
-    assert stored_after == stored_before  # byte-identical across the restart
-    (stored,) = json.loads(stored_after)
-    assert stored == first
+    stored_after = job_incidents(tmp_path)
+    assert stored_after == stored_before  # the same across the restart
+    (kept,) = stored_after
+    assert kept == first
 
 
 def test_status_without_coordinator_fails_clearly(tmp_path: Path) -> None:

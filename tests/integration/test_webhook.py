@@ -4,7 +4,6 @@ real hang, found by separate daemons, posted to receivers that answer, hang and 
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from _harness import WATCHDOG, job_env, stop_process
 from _receiver import HANG, receiving
 from _scrape import scrape, value
-from test_daemons import end_job, incidents_json, start_job, wait_for_verdict
+from test_daemons import end_job, job_incidents, start_job, wait_for_verdict
 
 from watchdog import metrics
 from watchdog.cli.demo import free_port
@@ -144,7 +143,7 @@ def test_a_real_hang_reaches_the_webhook_and_a_stuck_receiver_delays_nothing(
         job = start_job(tmp_path, *WATCHDOG, "launch", "--")
         try:
             verdict = wait_for_verdict(address)["verdict"]
-            stored = json.loads(incidents_json(tmp_path))
+            stored = job_incidents(tmp_path)
             # Detected and stored while the stuck receiver still holds its post unanswered.
             assert stuck.arrived.wait(60) and not stuck.release.is_set()
             (post,) = fine.wait_for(1)
