@@ -29,7 +29,7 @@ def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(
 
 def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
                                                                tmp_path: Path) -> None:
-    """A phase after which the threshold adapts upward: each phase gets a job of its own."""
+    """A phase that passes the threshold: the job is looked at, rank 0 is busy, not hung."""
     run = watch("--checkpoint-at", "40", "--fault-rank", "0", "--steps", "50",
                 watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output

@@ -61,21 +61,21 @@ def test_a_second_live_process_claiming_a_rank_is_noted_not_followed() -> None:
 def test_warm_up_grace_lasts_until_every_hooked_rank_stepped() -> None:
     cold = dict(steps=0, events=WARM_EVENTS - 1)
     job = view(*(joined(n) for n in range(3)), joined(3, **cold))
-    assert job.grace() == POLICY.warmup
+    assert job.warming
     job.update("node-1", joined(3, steps=1))
-    assert job.grace() == 0.0
-    assert view(*(joined(n, hooked=False, **cold) for n in range(4))).grace() == 0.0
+    assert not job.warming
+    assert not view(*(joined(n, hooked=False, **cold) for n in range(4))).warming
 
 
 def test_declared_phase_grace_ends_with_the_phase_or_the_rank() -> None:
     saving = joined(1, phase="checkpoint", phase_age=30.0, phase_timeout=600.0)
     job = view(joined(0), saving, joined(2), joined(3))
-    assert job.grace() == 600.0
+    assert job.phase_grace() == 600.0
     job.update("node-0", dataclasses.replace(saving, phase_age=601.0))
-    assert job.grace() == 0.0
+    assert job.phase_grace() == 0.0
     job.update("node-0", saving)
     job.update("node-0", left(saving))
-    assert job.grace() == 0.0
+    assert job.phase_grace() == 0.0
 
 
 def test_an_exit_asks_for_judgement_and_the_last_exit_ends_the_job() -> None:
@@ -96,7 +96,7 @@ def test_events_total_counts_each_rank_once() -> None:
 
 
 def totals(job: JobView, now: float) -> tuple[object, ...]:
-    return (job.events_total(), job.world_size, job.grace(), job.done,
+    return (job.events_total(), job.world_size, job.warming, job.phase_grace(), job.done,
             job.stacks_only, job.needs_judgement(now), job.state(now))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.coordinator.evidence import python_frames
+from watchdog.coordinator.evidence import in_open_phase, progress_sign, python_frames
 from watchdog.coordinator.findings import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState, Severity
@@ -14,6 +14,10 @@ WARM_EVENTS = 8
 MAX_DUPLICATES = 1024
 PACED_STEPS = 3  # a hook's own gaps count once its rank finished this many steps
 LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expected to take this x S
+# A quiet spell is looked at, to tell a phase from training, once the agents' activity rates
+# (over 3 s: agent/activity.py) fit inside it, and then at most once a second.
+PHASE_LOOK_AFTER_S = 4.0
+PHASE_LOOK_EVERY_S = 1.0
 
 
 def is_hang(incident: dict[str, Any]) -> bool:
@@ -60,6 +64,10 @@ class JobView:
         self._progress_at: float | None = None  # the latest progress any hook stamped
         self._paces: dict[int, float] = {}  # rank -> its hook's p99 gap, once paced
         self._pace: float | None = None  # their maximum; None until recomputed
+        # Whether the current quiet spell is a phase, not training (`_quiet_is_phase`), and
+        # when it was last looked at.
+        self._phase_gap = False
+        self._phase_looked = 0.0
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
@@ -126,17 +134,18 @@ class JobView:
         self.probe_progress += 1
         return True
 
-    def grace(self) -> float:
-        """Extra patience beyond the stall threshold: the warm-up, or a declared phase's timeout.
+    def phase_grace(self) -> float:
+        """Extra patience beyond the stall threshold: the longest declared phase's timeout."""
+        return max((r.phase_timeout for r in map(self.ranks.__getitem__, self._in_phase)
+                    if r.phase_age < r.phase_timeout), default=0.0)
 
-        The warm-up lasts until every hooked rank finished a step (or recorded WARM_EVENTS
-        events, for loops without an optimizer): the first steps import, compile and allocate in
-        silence, even under a fixed --stall-timeout. Ranks without a hook count no steps; their
-        progress is judged from their stacks instead.
-        """
-        phases = (r.phase_timeout for r in map(self.ranks.__getitem__, self._in_phase)
-                  if r.phase_age < r.phase_timeout)
-        return max([self.policy.warmup if self._warming else 0.0, *phases])
+    @property
+    def warming(self) -> bool:
+        """Start-up, which the warm-up grace covers: until every hooked rank finished a step (or
+        recorded WARM_EVENTS events, for loops without an optimizer), as the first steps import,
+        compile and allocate in silence, even under a fixed --stall-timeout. Ranks without a
+        hook count no steps; their progress is judged from their stacks instead."""
+        return self._warming > 0
 
     @property
     def started(self) -> bool:
@@ -150,12 +159,39 @@ class JobView:
     def observe(self, now: float) -> None:
         """The stall clock runs from the first report: a rank that never reaches
         init_process_group, or never starts, stalls the job like any other. Start-up gets the
-        warm-up grace (`grace`), and each rank that starts is progress."""
+        warm-up grace, and each rank that starts is progress. A quiet spell that was a phase
+        never enters the job's pace."""
         total, quiet = self.events_total(), self.tracker.stalled_for(now)
-        if self.tracker.observe(total, now, self._progress_at, warm=not self._warming):
+        # Past the threshold, a quiet spell is judged: a phase, a busy period, or a stall that
+        # may yet end by itself. None of them is the rhythm of training.
+        self._phase_gap = self._phase_gap or self.stalled(now)
+        if self.tracker.observe(total, now, self._progress_at, warm=not self._warming,
+                                phase=self._phase_gap):
+            self._phase_gap = False
             self._progress_resumed(quiet)
+        elif (not self._phase_gap and quiet >= PHASE_LOOK_AFTER_S
+              and now - self._phase_looked >= PHASE_LOOK_EVERY_S):
+            self._phase_looked = now
+            self._phase_gap = self._quiet_is_phase(quiet)
         if self.incident_open and total != self.incident_events:
             self.incident_events = -1  # progress resumed: the next stall is a new incident
+
+    def _quiet_is_phase(self, quiet: float) -> bool:
+        """Whether the job, quiet for `quiet` seconds, is in a phase rather than between two
+        steps of training: a rank is inside a declared phase, or no live rank is idle outside a
+        collective and some rank works outside one (an evaluation on every rank; one rank's
+        checkpoint while the others wait for it). A rank idle outside any collective may be
+        the rhythm itself (a slow read every step), so it keeps the spell in the pace."""
+        if any(in_open_phase(self.ranks[r]) for r in self._in_phase):
+            return True
+        working = False
+        for rank in self.ranks.values():
+            if not rank.alive or any(progress.pending for progress in rank.groups):
+                continue
+            if not progress_sign(rank, None, quiet):
+                return False
+            working = True
+        return working
 
     def _progress_resumed(self, lasted: float) -> None:
         """A stall that ended by itself: how long it lasted where its culprits were is what the
@@ -188,17 +224,34 @@ class JobView:
         return self.world_size <= len(self.ranks) == self._exited
 
     def needs_judgement(self, now: float) -> bool:
-        """A rank left, or the job stalled: only then is a full snapshot worth building."""
-        return self._exited > 0 or self.stalled(now)
+        """A rank left, or the job stalled (or is due an early look): only then is a full
+        snapshot worth building."""
+        return self._exited > 0 or self.stalled(now) or self.early_look(now)
+
+    def threshold(self) -> float:
+        """Seconds without progress after which the job counts as stalled."""
+        return self.tracker.threshold(self.phase_grace(), self.hook_p99, self.warming)
 
     def stalled(self, now: float) -> bool:
-        return self.tracker.is_stalled(now, phase_timeout=self.grace(), hook_p99=self.hook_p99)
+        return self.tracker.is_stalled(now, self.phase_grace(), self.hook_p99, self.warming)
+
+    def early_look(self, now: float) -> bool:
+        """Quiet past the threshold the pace sets, but held back by the warm-up grace: the job
+        is looked at all the same, and judged only on evidence of a rank idle while its peers
+        wait in a collective (`startup.early_verdict_stands`): start-up is judged on evidence,
+        not on the clock alone."""
+        quiet = self.tracker.stalled_for(now)
+        return (self.tracker.seen and not self.stalled(now)
+                and quiet >= self.tracker.evidence_threshold(self.phase_grace(), self.hook_p99))
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
-                 unreachable_nodes: tuple[str, ...] = ()) -> JobSnapshot:
+                 unreachable_nodes: tuple[str, ...] = (), early: bool = False) -> JobSnapshot:
+        """The job as of `now`; `early`: looked at early (see `early_look`), so judged as
+        stalled while that look is still due."""
+        stalled = self.stalled(now) or (early and self.early_look(now))
         return JobSnapshot(
             job_id=self.job_id, world_size=self.world_size, now=now,
-            stalled_for=self.tracker.stalled_for(now), stalled=self.stalled(now),
+            stalled_for=self.tracker.stalled_for(now), stalled=stalled,
             ranks=tuple(self.ranks[r] for r in sorted(self.ranks)), stacks=stacks or {},
             rank_nodes=dict(self.nodes), unreachable_nodes=unreachable_nodes,
             busy_timeout=self.policy.busy_timeout,

@@ -28,6 +28,7 @@ from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
 from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
@@ -215,24 +216,35 @@ class Coordinator:
                 continue  # a node missed a few reports: its ranks' state is not known yet
             # A stall is always looked at with stacks: CPU time alone can be a spinning wait.
             stalled = job.stalled(now)
-            if stalled or decide(job.snapshot(now, unreachable_nodes=unreachable)) is not None:
+            early = not stalled and job.early_look(now)
+            if stalled or early or decide(
+                    job.snapshot(now, unreachable_nodes=unreachable)) is not None:
                 job.evaluating = True
                 if stalled and not job.hold_until:  # the first look at this stall
                     metrics.STALLS.inc()
-                tasks.append(asyncio.create_task(self._diagnose(job, unreachable, stalled)))
+                tasks.append(asyncio.create_task(
+                    self._diagnose(job, unreachable, stalled or early, early)))
         return tasks
 
-    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool) -> None:
+    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool,
+                        early: bool = False) -> None:
+        """Judge the job with its stacks in hand; `early`: a look during the warm-up, whose
+        verdict stands only on evidence of a rank idle while its peers wait."""
         started = time.monotonic()
         try:
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
             stacks = await self.gather_stacks(job, live, STACK_SAMPLES if stalled else 1)
             now = time.time()
-            snapshot = job.snapshot(now, stacks, unreachable)
+            snapshot = job.snapshot(now, stacks, unreachable, early)
             verdict = decide(snapshot)
+            if early and verdict is not None and not early_verdict_stands(snapshot, verdict):
+                verdict = None  # start-up that shows work, or no waiter: the warm-up goes on
             if verdict is None:  # progress resumed, or every rank works: look again later
-                job.busy, job.hold_until = snapshot.stalled, now + RECHECK_S
+                job.busy = snapshot.stalled and not early
+                # an early look again soon, but never past the end of the warm-up grace
+                job.hold_until = now + min(RECHECK_S, job.threshold() - snapshot.stalled_for
+                                           if early else RECHECK_S)
                 return
             if job.stacks_only and job.stacks_moved(stacks):
                 return  # no hook: a changed stack was the only sign of progress, and here it is

@@ -11,6 +11,9 @@ the ranks; new_group for every rank of the world. Who waits there is what the ho
 - ranks still connecting to the store: nothing answers at the rendezvous address;
 - every rank inside and past the store, none done: they cannot connect to one another.
 Each verdict carries the `watchdog explain` advice that fits.
+
+Before every rank stepped, the warm-up grace holds a quiet job back, except where the evidence
+already names a rank idle while its peers wait (`early_verdict_stands`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from collections.abc import Sequence
 from watchdog.coordinator.evidence import StallView, frame_site, python_frames, stuck_frame
 from watchdog.coordinator.wording import culprits_text, verb
 from watchdog.explain.advice import ADVICE, CONNECT_FAILED, RENDEZVOUS
-from watchdog.model import WORLD_GROUP, Advice, CollectiveRef, Kind, RankStack, RankState, Verdict
+from watchdog.model import (
+    WORLD_GROUP,
+    Advice,
+    CollectiveRef,
+    JobSnapshot,
+    Kind,
+    RankStack,
+    RankState,
+    Verdict,
+)
 from watchdog.text import clock, ranks_text
 
 SETUP_CALLS = ("init_process_group", "new_group")
@@ -131,3 +143,27 @@ def _since(job: StallView, ranks: Sequence[int]) -> str:
 def _advice(category: str) -> Advice:
     cause, fix = ADVICE[category]
     return Advice(category, cause, fix)
+
+
+# Before every rank stepped, only these verdicts may end the warm-up early: a rank idle in its
+# own code while its peers wait for it (exits are judged at any time anyway).
+_EARLY_KINDS = frozenset({Kind.MISSING_RANKS, Kind.COLLECTIVE_MISMATCH, Kind.RANK_STALLED})
+
+
+def early_verdict_stands(snapshot: JobSnapshot, verdict: Verdict) -> bool:
+    """Whether a verdict reached during the warm-up grace may be told now: an exit, or a hang
+    whose culprits are live ranks whose stacks were taken, outside any set-up call, while other
+    ranks wait in a collective. The verdict already showed that its culprits make no progress
+    (a hang, not RANK_BUSY); a rank that was never seen, or waits in a set-up call itself (a
+    slow rendezvous), gets the warm-up."""
+    if verdict.kind is Kind.RANK_EXITED:
+        return True
+    if verdict.kind not in _EARLY_KINDS or not verdict.waiting_ranks or not verdict.culprit_ranks:
+        return False
+    ranks = {state.rank: state for state in snapshot.ranks if state.alive}
+    for culprit in verdict.culprit_ranks:
+        stack = snapshot.stacks.get(culprit)
+        state = ranks.get(culprit)
+        if state is None or stack is None or not stack.frames or setup_call(state, stack):
+            return False
+    return True

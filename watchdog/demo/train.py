@@ -171,8 +171,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fault-seconds", type=float, default=30.0,
                         help="how long evaluate_all and --checkpoint-at take")
     parser.add_argument("--checkpoint-at", type=int, default=-1, metavar="STEP",
-                        help="at STEP, the fault rank writes a checkpoint for --fault-seconds "
-                             "while the others wait in a barrier (besides any --fault)")
+                        help="at STEP, the --checkpoint-rank writes a checkpoint for "
+                             "--fault-seconds while the others wait in a barrier (besides any "
+                             "--fault)")
+    parser.add_argument("--checkpoint-rank", type=int, default=None, metavar="RANK",
+                        help="the rank that writes it (default: --fault-rank)")
+    parser.add_argument("--evaluate-every", type=int, default=0, metavar="STEPS",
+                        help="every STEPS steps, every rank evaluates for --fault-seconds "
+                             "(besides any --fault)")
     parser.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                         help="every rank computes for S seconds before its first step, as a "
                              "compiling or warming-up job does")
@@ -283,7 +289,11 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
             if step == args.fault_step and (rank == args.fault_rank or args.fault in EVERY_RANK):
                 inject(args, rank, model, subgroup)
             if step == args.checkpoint_at:
-                checkpoint(rank == args.fault_rank, args.fault_seconds)
+                writer = args.fault_rank if args.checkpoint_rank is None else args.checkpoint_rank
+                checkpoint(rank == writer, args.fault_seconds)
+            if args.evaluate_every and step and step % args.evaluate_every == 0:
+                announce("evaluation")
+                evaluate_for(model, args.fault_seconds)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()

@@ -1,17 +1,19 @@
 """How fast this rank progresses, by its own clock (runs in the hook's publisher thread).
 
-The coordinator's stall threshold is `k x p99` of the gaps between progress. Measured here, the
-gaps are real after the first few steps instead of after many report intervals, and free of
-report and network delays. Gaps count from the first optimizer step on: the time before it is
-start-up (imports, compilation, the first batch), which the warm-up grace covers instead.
+The coordinator's stall threshold is `k x` the pace of the gaps between progress. Measured here,
+the gaps are real after the first few steps, before the coordinator has seen enough of its own,
+and free of report and network delays. Gaps count from the first optimizer step on: the time
+before it is start-up (imports, compilation, the first batch), which the warm-up grace covers
+instead. The pace is `steady_p99`, which one long gap (an evaluation) never moves; the
+coordinator also keeps the phases it saw out of its own gaps, and prefers those once it has them.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 from watchdog.beacon import Pace
+from watchdog.quantile import steady_p99
 
 WINDOW = 256  # gaps kept: at 5 publishes a second, about a minute of a fast training loop
 
@@ -33,9 +35,7 @@ class PaceTracker:
         if events != self._events:
             if self._counting:
                 self._gaps.append(now - self._at)
-                ordered = sorted(self._gaps)
-                p99 = ordered[math.ceil(0.99 * len(ordered)) - 1]
-                self._pace = Pace(now, p99, self._pace.gaps + 1)
+                self._pace = Pace(now, steady_p99(self._gaps), self._pace.gaps + 1)
             else:
                 self._pace = Pace(now, self._pace.gap_p99, self._pace.gaps)
             self._events, self._at = events, now
