@@ -233,3 +233,12 @@ def test_an_exit_stands_at_any_time() -> None:
     gone = dataclasses.replace(rank(1, steps=0, events=0), exited_at=T0 + 1, exit_code=1,
                                proc_state="")
     assert early(rank(0, steps=0, events=0), gone, taken={}) == (Kind.RANK_EXITED, True)
+
+
+def test_a_rank_that_exits_during_a_notices_hold_is_judged_at_once() -> None:
+    job = warming(*(rank(r, done(4, 0.0)) for r in range(4)))
+    job.hold(T0 + 10.0)  # a RANK_BUSY notice: looked at again in 10 s
+    assert job.held(T0 + 1.0)
+    job.update("node-1", dataclasses.replace(rank(3, done(4, 0.0)), exited_at=T0 + 1,
+                                             exit_code=3, clean_exit=True, proc_state=""))
+    assert not job.held(T0 + 1.0)

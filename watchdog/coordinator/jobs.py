@@ -37,7 +37,7 @@ class JobView:
     stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
     probe_progress: int = 0
     hung_before: bool = False  # a hang incident was reported, now or earlier
-    # The current stall: not judged again before `hold_until`; `busy` once ranks were seen
+    # The current stall: not judged again before `hold_until` (`hold`); `busy` once ranks were seen
     # working through it; `place` where its culprits were, to learn how long it lasts there.
     hold_until: float = 0.0
     busy: bool = False
@@ -68,6 +68,7 @@ class JobView:
         # when it was last looked at.
         self._phase_gap = False
         self._phase_looked = 0.0
+        self._held_exits = 0  # ranks exited when the current hold began
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
@@ -199,6 +200,15 @@ class JobView:
         if self.place:
             self.learned[self.place] = max(self.learned.get(self.place, 0.0), lasted)
         self.hold_until, self.busy, self.place = 0.0, False, ""
+
+    def hold(self, until: float) -> None:
+        """Judge the current stall again only at `until`."""
+        self.hold_until, self._held_exits = until, self._exited
+
+    def held(self, now: float) -> bool:
+        """Whether the current stall waits for `hold`'s time; a rank that exited since never
+        does: an exit is judged at once, a notice's hold notwithstanding."""
+        return now < self.hold_until and self._exited == self._held_exits
 
     def expected(self, place: str) -> float:
         """How long a stall at `place` may last, from the stalls there that ended by themselves."""

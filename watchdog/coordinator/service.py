@@ -209,7 +209,7 @@ class Coordinator:
                 tasks += self._report_findings(job, now)
             if job.evaluating or job.hung or (job.incident is not None and job.done):
                 continue
-            if now < job.hold_until or not job.needs_judgement(now):
+            if job.held(now) or not job.needs_judgement(now):
                 continue
             unreachable = self._unreachable(job, now)
             if unreachable is None:
@@ -243,8 +243,8 @@ class Coordinator:
             if verdict is None:  # progress resumed, or every rank works: look again later
                 job.busy = snapshot.stalled and not early
                 # an early look again soon, but never past the end of the warm-up grace
-                job.hold_until = now + min(RECHECK_S, job.threshold() - snapshot.stalled_for
-                                           if early else RECHECK_S)
+                job.hold(now + min(RECHECK_S, job.threshold() - snapshot.stalled_for
+                                   if early else RECHECK_S))
                 return
             if job.stacks_only and job.stacks_moved(stacks):
                 return  # no hook: a changed stack was the only sign of progress, and here it is
@@ -265,13 +265,13 @@ class Coordinator:
         job.place = culprit_place(snapshot, verdict.culprit_ranks)
         expected = job.expected(job.place)
         if snapshot.stalled_for < expected:
-            job.hold_until = now + expected - snapshot.stalled_for
+            job.hold(now + expected - snapshot.stalled_for)
             log.info("job %s: a stall at %s ended by itself after %.0f s before; waiting",
                      job.job_id, job.place, expected / LEARNED_MARGIN)
             return True
         if verdict.severity is not Severity.HANG:  # again soon, and when the busy timeout passes
             job.busy = True
-            job.hold_until = now + min(RECHECK_S, snapshot.busy_timeout - snapshot.stalled_for)
+            job.hold(now + min(RECHECK_S, snapshot.busy_timeout - snapshot.stalled_for))
             announced = job.incident if job.incident_open else None  # a notice is said once
             return announced is not None and (announced["kind"], announced["culprit_ranks"]) == (
                 verdict.kind, list(verdict.culprit_ranks))
