@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 
 import pytest
+from test_verdict import rank
 
 from watchdog.cli.inject import BOOT_DIR, hook_env
 from watchdog.cli.seen import (
@@ -19,10 +20,13 @@ from watchdog.cli.seen import (
     moved_on_text,
     partly_text,
     process_tree,
+    sighting,
     unreported_text,
     watching_text,
     why_unhooked,
 )
+from watchdog.coordinator import StallPolicy
+from watchdog.coordinator.jobs import JobView
 
 PY = "/usr/bin/python3.11"
 HOOKED = hook_env({"PATH": "/usr/bin"}, "/dev/shm/beacons", "job")
@@ -44,6 +48,18 @@ def test_the_job_and_how_many_of_its_ranks_report() -> None:
                              "other nodes, not started yet, or without the hook)")
     assert lines[1] == ("watchdog:   1 torchrun worker (pid 13): started with python -S, which "
                         "skips the site module that loads the hook")
+
+
+def test_the_job_seen_is_the_first_whose_ranks_all_report() -> None:
+    first, second = JobView("j", StallPolicy()), JobView("j/attempt1", StallPolicy())
+    assert sighting([first, second]) is None
+    first.update("node-a", rank(0, job_id="j"))
+    first.update("node-a", rank(1, job_id="j", hooked=False))  # seen by its stacks alone
+    assert sighting([first, second]) == Sighting("j", 4, frozenset({4242}))
+    for n in range(4):
+        second.update("node-a", rank(n, job_id="j/attempt1"))
+    seen = sighting([first, second])
+    assert seen is not None and seen.job_id == "j/attempt1" and seen.complete
 
 
 @pytest.mark.parametrize(("argv", "flags"), [

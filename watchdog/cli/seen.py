@@ -72,12 +72,11 @@ class Process:
 
 
 def sighting(jobs: Iterable[JobView]) -> Sighting | None:
-    """The first job with a rank that reports (a later attempt is a job of its own)."""
-    for job in jobs:
-        pids = frozenset(r.pid for r in job.ranks.values() if r.hooked)
-        if pids:
-            return Sighting(job.job_id, job.world_size, pids)
-    return None
+    """The first job whose every rank reports, else the first with one that does (each attempt
+    torchrun restarts is a job of its own)."""
+    seen = [Sighting(job.job_id, job.world_size, pids) for job in jobs
+            if (pids := frozenset(r.pid for r in job.ranks.values() if r.hooked))]
+    return next((s for s in seen if s.complete), seen[0] if seen else None)
 
 
 def watching_text(seen: Sighting) -> str:
