@@ -3,7 +3,8 @@ agent in one asyncio process beside the job.
 
 They still talk gRPC, over a 0600 unix socket in the user's runs directory (where `watchdog
 status` finds it; `discover`), so this path is the same code as the multi-process deployment.
-The job's beacons go to a private (0700) run directory.
+The job's beacons go to a private (0700) run directory. What it sees of the job (which job,
+how many ranks report, why none does, a notice's end) it says through `seen`.
 """
 
 from __future__ import annotations
