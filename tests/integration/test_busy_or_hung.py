@@ -13,6 +13,7 @@ import pytest
 from _harness import FLOOR_S, assert_called_at, fault_time, stored
 
 EXIT_HANG_KILLED = 3
+CHECKPOINT_S = 30.0  # the demo job's --fault-seconds
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
 
@@ -45,6 +46,18 @@ def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
     assert notice["collective"]["op"] == "barrier"
     assert "RANK_BUSY in job" in run.output
     assert "(notice: the job is not hung)" in run.output
+    assert re.search(r"^watchdog: watching job train-\S+: 4 of 4 ranks report$", run.output,
+                     re.MULTILINE), run.output
+    # The rank moved on once its checkpoint was written: the stored notice says when, and run
+    # said for how long it was busy: from before the notice, and not before the checkpoint began.
+    began = fault_time(run.output, "checkpoint")
+    assert notice["ended_at"] > notice["detected_at"]
+    assert notice["ended_at"] - began >= CHECKPOINT_S
+    moved = re.search(rf"^watchdog: rank 0 moved on after (\d+) s \(RANK_BUSY notice "
+                      rf"{notice['id']}\)$", run.output, re.MULTILINE)
+    assert moved is not None, run.output
+    busy_for, ended = int(moved.group(1)), notice["ended_at"]
+    assert ended - notice["detected_at"] - 1 <= busy_for <= ended - began + 1
 
 
 @pytest.mark.parametrize("step", [6, 60])

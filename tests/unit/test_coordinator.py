@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
-from test_verdict import T0, done, entered, rank
+from test_verdict import JOB, T0, done, entered, rank
 
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator.service import MAX_JOBS, NODE_TIMEOUT_S
@@ -92,3 +94,52 @@ def test_a_restarted_coordinator_finds_the_hang_it_already_stored(tmp_path: Path
     assert asyncio.run(hub.stored_twin(again)) == stored
     assert asyncio.run(hub.stored_twin({**again, "culprit_ranks": [2]})) is None
     assert asyncio.run(hub.stored_twin({**again, "job_id": "other"})) is None
+
+
+def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path, fixed=60.0)  # no diagnosis meanwhile: the notice is said here
+    ended: list[tuple[dict[str, Any], float]] = []
+    hub.ended_listeners.append(lambda incident, lasted: ended.append((incident, lasted)))
+    busy = [rank(0, done(56, 2.0)), *(rank(r, entered(57, 3.0)) for r in (1, 2, 3))]
+    notice = {"id": "n1", "job_id": JOB, "detected_at": T0 + 12.0, "kind": "RANK_BUSY",
+              "severity": "notice", "culprit_ranks": [0]}
+    hub.store.add(notice)
+
+    async def scenario() -> None:
+        hub.ingest(report("node-a", *busy), T0)
+        hub.evaluate_all(T0)
+        job = hub.jobs[JOB]
+        job.incident, job.incident_events = notice, job.events_total()  # said at T0 + 12
+        await asyncio.gather(*hub.evaluate_all(T0 + 20.0))
+        assert ended == [] and job.incident_open  # still busy
+        moved = [dataclasses.replace(s, events=s.events + 1) for s in busy]
+        hub.ingest(report("node-a", *moved), T0 + 30.0)
+        await asyncio.gather(*hub.evaluate_all(T0 + 30.0))
+        await hub.saver.close()
+
+    asyncio.run(scenario())
+    ((told, lasted),) = ended
+    assert told == {**notice, "ended_at": T0 + 30.0} and lasted == 30.0
+    assert hub.jobs[JOB].incident == told and not hub.jobs[JOB].incident_open
+    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
+    assert json.loads(text) == told  # the same row, its text replaced
+
+
+def test_a_hang_that_ends_is_not_a_notice_that_ended(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path, fixed=5.0)
+    ended: list[tuple[dict[str, Any], float]] = []
+    hub.ended_listeners.append(lambda incident, lasted: ended.append((incident, lasted)))
+    stuck = [rank(r, entered(57, 3.0)) for r in range(4)]
+
+    async def scenario() -> None:
+        hub.ingest(report("node-a", *stuck), T0)
+        hub.evaluate_all(T0)
+        job = hub.jobs[JOB]
+        job.incident = {"id": "h1", "detected_at": T0 + 6.0, "kind": "ALL_IN_COLLECTIVE",
+                        "severity": "hang"}
+        job.incident_events = job.events_total()
+        hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 + 9)
+        await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
+
+    asyncio.run(scenario())
+    assert ended == [] and "ended_at" not in (hub.jobs[JOB].incident or {})

@@ -28,6 +28,7 @@ from watchdog.cli.render import render_incident, render_incident_list, render_st
 from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import ExitReason, Frame, Kind, RankStack, Verdict
+from watchdog.text import clock
 
 STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
 NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"
@@ -197,6 +198,14 @@ def test_incident_text_has_table_verdict_stack_groups_and_culprit_stack() -> Non
     assert NCCL_LINE in text
     assert TORCH_LINE in text and "COLLECTIVE_TIMEOUT: " in text
     assert "\x1b" not in text
+
+
+def test_a_notice_that_ended_says_when_its_rank_moved_on() -> None:
+    notice = {**incident(), "kind": "RANK_BUSY", "severity": "notice"}
+    heading = render_incident(notice).splitlines()[0]
+    assert heading.endswith("(notice: the job is not hung)")
+    ended = render_incident({**notice, "ended_at": T0 + 75.0}).splitlines()[0]
+    assert ended.endswith(f"(notice: the job is not hung; moved on at {clock(T0 + 75.0)})")
 
 
 def test_table_columns_line_up() -> None:

@@ -44,6 +44,25 @@ def test_a_locked_database_keeps_incidents_in_order_until_it_frees(tmp_path: Pat
     assert [json.loads(t)["id"] for t in IncidentStore(str(path)).list_json()] == ["i2", "i1"]
 
 
+def test_a_newer_text_saved_while_the_first_waits_is_the_one_kept(tmp_path: Path) -> None:
+    path = tmp_path / "incidents.db"
+    store = IncidentStore(str(path), busy_timeout=0.05)
+    store.open()
+    ended = {**incident(1), "ended_at": 1041.0}
+
+    async def scenario() -> None:
+        saver = IncidentSaver(store)
+        holder = locked(path)
+        assert not await saver.save(incident(1))
+        assert not await saver.save(ended)
+        holder.rollback()
+        assert await saver.flush()
+        await saver.close()
+
+    asyncio.run(scenario())
+    assert [json.loads(t) for t in IncidentStore(str(path)).list_json()] == [ended]
+
+
 def test_what_is_pending_at_close_is_stored_by_the_next_opener(tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
     store = IncidentStore(str(path), busy_timeout=0.05)

@@ -36,6 +36,16 @@ def test_adding_the_same_incident_twice_keeps_one(tmp_path: Path) -> None:
     assert len(store.list_json()) == 1
 
 
+def test_adding_an_id_again_stores_its_newer_text_in_place(tmp_path: Path) -> None:
+    store = IncidentStore(str(tmp_path / "i.db"))
+    store.add(incident(1, 1000.0))
+    store.add(incident(2, 1001.0))
+    ended = {**incident(1, 1000.0), "ended_at": 1041.5}
+    store.add(ended)
+    assert store.get_json("i1") == incident_json(ended)
+    assert [json.loads(t)["id"] for t in store.list_json()] == ["i2", "i1"]
+
+
 def test_list_is_newest_first_and_retention_keeps_the_newest(tmp_path: Path) -> None:
     store = IncidentStore(str(tmp_path / "i.db"), keep_count=3, keep_days=30)
     for n in range(5):

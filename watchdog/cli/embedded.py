@@ -3,7 +3,8 @@ agent in one asyncio process beside the job.
 
 They still talk gRPC, over a 0600 unix socket in the user's runs directory (where `watchdog
 status` finds it; `discover`), so this path is the same code as the multi-process deployment.
-The job's beacons go to a private (0700) run directory.
+The job's beacons go to a private (0700) run directory. What it sees of the job (which job,
+how many ranks report, why none does, a notice's end) it says through `seen`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from watchdog import metrics
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
+from watchdog.cli.seen import moved_on_text, say_what_it_sees
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
@@ -93,6 +95,10 @@ class _Run:
         if self.options.on_hang == "kill":
             self.hang.set()
 
+    def on_ended(self, notice: dict[str, Any], lasted: float) -> None:
+        self.out.write(moved_on_text(notice, lasted) + "\n")
+        self.out.flush()
+
     def _write_html(self, path: str, incident: dict[str, Any]) -> None:
         """The page is a convenience: printing the incident and --on-hang never wait on it."""
         try:
@@ -136,6 +142,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
                   scan_unhooked=False, native=options.native)
     state = _Run(options, out, agent)
     coordinator.listeners.append(state.on_incident)
+    coordinator.ended_listeners.append(state.on_ended)
     if incidents is not None:
         coordinator.listeners.append(incidents.append)
     stop = asyncio.Event()
@@ -153,7 +160,12 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
                 stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
         workers = functools.partial(_live_worker_pids, agent)
         _forward_signals(proc.pid, workers, out)
-        code = await _wait_job(proc, state, workers)
+        seeing = asyncio.create_task(say_what_it_sees(
+            coordinator.jobs.values, proc.pid, options.policy.warmup, out, INTERVAL_S))
+        try:
+            code = await _wait_job(proc, state, workers)
+        finally:
+            seeing.cancel()
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
         report = await asyncio.to_thread(agent.scan)
         coordinator.ingest(report, report.sent_at)

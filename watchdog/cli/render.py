@@ -41,7 +41,9 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     severity = incident.get("severity", Severity.HANG)
     heading = f"{incident['kind']} in job {incident['job_id']} at {clock(incident['detected_at'])}"
     if severity != Severity.HANG:
-        heading += f" ({severity}: the job is not hung)"
+        ended = incident.get("ended_at")
+        moved_on = f"; moved on at {clock(ended)}" if isinstance(ended, int | float) else ""
+        heading += f" ({severity}: the job is not hung{moved_on})"
     lines = [
         _paint(heading, _BOLD + (_ALARM if severity == Severity.HANG else _CAUTION), color),
         _paint(incident["summary"], _BOLD, color),

@@ -3,8 +3,10 @@
 Joins node reports into jobs, watches each job for a stall or an early exit, asks the agents for
 stacks, decides the verdict, persists the incident, then tells its listeners. An incident is
 stored before anyone hears of it, so a crash after that loses nothing; when the database fails,
-it is told all the same and stored once the database works again (`persist`). Which agent may
-report which node and answer which request: `sessions`; which ranks a job trusts: `admission`.
+it is told all the same and stored once the database works again (`persist`). A notice whose
+rank moved on is stored again with `ended_at`, and its end told to `ended_listeners`. Which
+agent may report which node and answer which request: `sessions`; which ranks a job trusts:
+`admission`.
 A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
 long the coordinator runs.
 """
@@ -58,6 +60,8 @@ NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 
 IncidentListener = Callable[[dict[str, Any]], None]
+# A notice that ended (with `ended_at`), and how long its stall lasted, in seconds.
+EndedListener = Callable[[dict[str, Any], float], None]
 JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
 
 
@@ -71,6 +75,7 @@ class Coordinator:
         self.job_retention = job_retention
         self.jobs: dict[str, JobView] = {}
         self.listeners: list[IncidentListener] = []
+        self.ended_listeners: list[EndedListener] = []
         self.sessions = Sessions()
         self.admission = Admission(policy)
         self._node_seen: dict[str, float] = {}
@@ -204,7 +209,9 @@ class Coordinator:
         """Judge every job as of `now`; a diagnosis that needs stacks runs as a task."""
         tasks = []
         for job in self.jobs.values():
-            job.observe(now)
+            ended = self._observe(job, now)
+            if ended is not None:
+                tasks.append(ended)
             if job.findings.pending:
                 tasks += self._report_findings(job, now)
             if job.evaluating or job.hung or (job.incident is not None and job.done):
@@ -225,6 +232,20 @@ class Coordinator:
                 tasks.append(asyncio.create_task(
                     self._diagnose(job, unreachable, stalled or early, early)))
         return tasks
+
+    def _observe(self, job: JobView, now: float) -> asyncio.Task[None] | None:
+        """Bring the job's progress up to `now`. Progress ends an open notice (its rank moved
+        on): the notice gains `ended_at`, stored and told in the task returned."""
+        said = job.incident if job.incident is not None and job.incident_open else None
+        began = now - job.tracker.stalled_for(now)
+        job.observe(now)
+        if said is None or said["severity"] != Severity.NOTICE or job.incident_open:
+            return None
+        # Dated by the hooks' own stamp of the progress where they have one; a notice said just
+        # after its rank moved on ends when it was said, not before.
+        ended_at = max(now - job.tracker.stalled_for(now), said["detected_at"])
+        job.incident = ended = {**said, "ended_at": ended_at}
+        return asyncio.create_task(self._notice_ended(ended, ended_at - began))
 
     async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool,
                         early: bool = False) -> None:
@@ -304,16 +325,29 @@ class Coordinator:
         except Exception:
             log.exception("reporting a finding of job %s failed", job.job_id)
 
-    async def _announce(self, incident: dict[str, Any]) -> None:
-        """Store the incident, then tell the listeners. Stored before anyone hears of it, unless
-        the database keeps it waiting: then it is told now and stored when it can be (the save
-        goes on; a failure is retried)."""
+    async def _store(self, incident: dict[str, Any]) -> None:
+        """Store the incident before anyone hears of it, unless the database keeps it waiting:
+        then it is told now and stored when it can be (the save goes on; a failure is retried)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.saver.save(incident)), SAVE_WAIT_S)
+
+    async def _announce(self, incident: dict[str, Any]) -> None:
+        """Store the incident, then tell the listeners."""
+        await self._store(incident)
         metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
         log.info("incident %s: %s", incident["id"], printable(incident["summary"]))
         for listener in self.listeners:
             listener(incident)
+
+    async def _notice_ended(self, ended: dict[str, Any], lasted: float) -> None:
+        """Store the notice again, now with `ended_at`, then tell the listeners of ends."""
+        try:
+            await self._store(ended)
+            log.info("incident %s ended: the job moved on after %.0f s", ended["id"], lasted)
+            for listener in self.ended_listeners:
+                listener(ended, lasted)
+        except Exception:
+            log.exception("recording the end of incident %s failed", ended["id"])
 
     async def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict,
                       now: float) -> None:

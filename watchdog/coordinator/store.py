@@ -1,8 +1,9 @@
 """Incident history in SQLite (coordinator process, and the CLI reading it back).
 
 An incident is stored as the exact JSON text that was reported, so what `watchdog incidents`
-prints later is byte-identical to what the coordinator emitted. The coordinator reaches it only
-from a thread (`persist`), never from its event loop.
+prints later is byte-identical to what the coordinator emitted (a notice is emitted twice: when
+said, and with `ended_at` once its rank moved on; the row holds the latest). The coordinator
+reaches it only from a thread (`persist`), never from its event loop.
 """
 
 from __future__ import annotations
@@ -131,10 +132,11 @@ class IncidentStore:
         os.unlink(self.spill_path)
 
     def add(self, incident: dict[str, Any]) -> None:
-        """Persist one incident; a second add of the same id is ignored (at most once)."""
+        """Persist one incident: one row per id. Adding an id again stores its newer text in
+        place (a notice that ended gains `ended_at`); the same text again changes nothing."""
         self._db().execute(
-            "INSERT OR IGNORE INTO incidents (id, job_id, detected_at, kind, body) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO incidents (id, job_id, detected_at, kind, body) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",
             (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
              incident_json(incident)))
         self.prune(now=float(incident["detected_at"]))
