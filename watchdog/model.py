@@ -10,6 +10,9 @@ import enum
 from dataclasses import dataclass, field
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
+# The op the hook records for DDP's constructor's shape check and parameter broadcast, which
+# torch issues from C++ (watchdog/hook/torch_patches.py: DDP_INIT_OP)
+DDP_INIT_OP = "ddp_init"
 
 
 class _Text(str, enum.Enum):

@@ -78,11 +78,12 @@ def test_probe_ranks_leave_exact_progress(probe: dict[str, Any]) -> None:
         assert snap.phase == "shutdown"  # declared by destroy_process_group, for the exit
         assert snap.phase_timeout > 0
         world = snap.groups[0]
-        # 3 DDP forwards with grad (not the no_grad one), all_reduce, broadcast_object_list
-        # (its inner broadcasts not counted), the all_reduce that raised, an async all_reduce,
-        # the barrier
+        # DDP's constructor's shape check and broadcast, 3 DDP forwards with grad (not the
+        # no_grad one), all_reduce, broadcast_object_list (its inner broadcasts not counted),
+        # the all_reduce that raised, an async all_reduce, the barrier
         assert (world.name, world.ranks, world.op) == ("0", (0, 1), "barrier")
-        assert (world.entered_seq, world.completed_seq) == (8, 8)
+        assert (world.entered_seq, world.completed_seq) == (10, 10)
+        assert probe["ranks"][rank]["after_ddp"] == ["ddp_init", 2, 2]
     # the pair's slot: send, isend, then a batch of isend and irecv (rank 1: the mirror image),
     # each async one completed by its wait
     assert list(snaps[0].groups[1:]) == [
@@ -237,4 +238,5 @@ def test_spawned_ranks_record_as_the_rank_init_process_group_gives_them(tmp_path
             rank, 2, "test-job")
         assert (snap.exit_state, snap.exit_code, snap.steps) == (EXIT_CLEAN, 0, 3)
         assert snap.setup.call == ""  # it left init_process_group long ago
-        assert snap.groups[0].name == "0" and snap.groups[0].entered_seq == 3  # DDP forwards
+        # DDP's constructor's shape check and broadcast, then its forwards
+        assert snap.groups[0].name == "0" and snap.groups[0].entered_seq == 5

@@ -1,6 +1,6 @@
 """Before the first step, under `watchdog run` with the thresholds a user gets by default: a
-rank that never reaches init_process_group, and a job started with torch.multiprocessing.spawn
-instead of torchrun (real gloo ranks, py-spy, gRPC).
+rank that never reaches init_process_group, one that never reaches DDP's constructor, and a job
+started with torch.multiprocessing.spawn instead of torchrun (real gloo ranks, py-spy, gRPC).
 
 The init_process_group job spends a minute waiting for the warm-up to pass: it starts with this
 module and runs beside the other test."""
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _harness import (
+    FLOOR_S,
     JOB_TIMEOUT_S,
     WARMUP_S,
     assert_called_at,
@@ -87,3 +88,27 @@ def test_a_rank_that_never_reaches_init_process_group_is_named_after_the_warm_up
     assert "init_process_group" in run.stack_functions(0)
     assert [run.rank(r)["setup"] for r in (0, 1, 2)] == ["init_process_group"] * 2 + [None]
     assert_called_at(WARMUP_S, run.incident["detected_at"], fault_time(run.output, "init_stall"))
+
+
+def test_a_rank_stuck_before_ddp_is_named_with_the_broadcast_its_peers_wait_in(
+        watch: Any) -> None:
+    """Rank 2 loads pretrained weights after init_process_group and never wraps its model: it
+    idles while ranks 0 and 1 wait in DDP's constructor, in the collectives torch issues from
+    C++ (its shape check first). Evidence, not the warm-up's clock, names it."""
+    run = watch("--fault", "pre_ddp_stall", "--fault-rank", "2", nproc=3, watchdog_args=DEFAULTS)
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert (run.incident["kind"], run.incident["severity"]) == ("MISSING_RANKS", "hang")
+    assert run.incident["culprit_ranks"] == [2]
+    assert run.incident["waiting_ranks"] == [0, 1]
+    assert run.incident["collective"] == {"group": "0", "ranks": [0, 1, 2], "seq": 1,
+                                          "op": "ddp_init"}
+    summary = run.incident["summary"]
+    assert summary.startswith("rank 2 (stuck in load_pretrained at train.py:"), summary
+    assert ("never reached DDP's initial parameter broadcast (ddp_init #1 on group 0 (world)); "
+            "ranks 0,1 wait there since") in summary
+    assert [run.rank(r)["state"] for r in (0, 1, 2)] == ["WAITING", "WAITING", "STALLED"]
+    assert "_verify_param_shape_across_processes" in run.stack_functions(0)
+    assert run.stack_functions(2)[0] == "load_pretrained"
+    assert_called_at(FLOOR_S, run.incident["detected_at"], fault_time(run.output,
+                                                                      "pre_ddp_stall"))

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import watchdog
-from watchdog.beacon import beacon_path, open_beacon, read_beacon
+from watchdog.beacon import BeaconGroup, beacon_path, open_beacon, read_beacon
 from watchdog.env import beacon_dir, job_id
 
 STEPS = 3
@@ -52,13 +52,24 @@ def own_phase() -> str:
     return phase_of(os.getpid())
 
 
-def own_pair_progress() -> list[int]:
-    """This rank's (entered, completed) seqs with its peer, as the agent would read them now."""
+def own_groups() -> list[BeaconGroup]:
+    """This rank's groups, as the agent would read them now."""
     assert watchdog.hook.lifecycle._recorder is not None
     watchdog.hook.lifecycle._recorder.publish()
     path = beacon_path(own_beacon_dir(), job_id(), int(os.environ["RANK"]), os.getpid())
-    (pair,) = [g for g in read_beacon(open_beacon(path)).groups if ":p2p:" in g.name]
+    return list(read_beacon(open_beacon(path)).groups)
+
+
+def own_pair_progress() -> list[int]:
+    """This rank's (entered, completed) seqs with its peer."""
+    (pair,) = [g for g in own_groups() if ":p2p:" in g.name]
     return [pair.entered_seq, pair.completed_seq]
+
+
+def own_world_progress() -> list[Any]:
+    """This rank's last collective on the world group: [op, entered seq, completed seq]."""
+    world = own_groups()[0]
+    return [world.op, world.entered_seq, world.completed_seq]
 
 
 def error_of(call: Any, *args: Any) -> list[str]:
@@ -73,6 +84,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    after_ddp = own_world_progress()  # its shape check and broadcast, each entered and done
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Rows(), batch_size=2, num_workers=2, multiprocessing_context="fork")
     worker_writes = 0
@@ -116,6 +128,7 @@ def main() -> None:
     with open(os.path.join(os.environ["PROBE_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump({"phases": [outer, inner, restored, own_phase()], "errors": errors,
                    "child_install": child.stdout.strip(), "p2p_after_wait": after_wait,
+                   "after_ddp": after_ddp,
                    "worker_writes": worker_writes}, f)
     dist.destroy_process_group()
 

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from watchdog.beacon import (
 from watchdog.hook import lifecycle
 from watchdog.hook.exit_reason import INNERMOST, describe
 from watchdog.hook.recorder import Recorder
-from watchdog.hook.torch_patches import _rank_and_world, _rendezvous
+from watchdog.hook.torch_patches import TorchPatches, _rank_and_world, _rendezvous
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")
 
@@ -245,3 +247,65 @@ def test_an_exit_is_timed_when_sys_exit_is_called_not_at_atexit(tmp_path: Path) 
     snap = read_beacon(open_beacon(recorder.writer.path))
     assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, 3)
     assert 0 < snap.exited_at <= called
+
+
+# torch.nn.parallel.distributed as the hook sees it: DDP's constructor calls the two helpers
+# through its module's namespace, the group as torch 2.13 passes it (by position, by keyword).
+DDP_MODULE = """
+def _verify_param_shape_across_processes(process_group, tensors, logger=None):
+    during.append(seen())
+
+def _sync_module_states(module, process_group, broadcast_bucket_size, src,
+                        params_and_buffers_to_ignore, broadcast_buffers=True):
+    during.append(seen())
+
+class DistributedDataParallel:
+    def __init__(self, process_group):
+        self.process_group = process_group
+        _verify_param_shape_across_processes(self.process_group, [])
+        _sync_module_states(module=self, process_group=self.process_group,
+                            broadcast_bucket_size=1, src=0, params_and_buffers_to_ignore=())
+
+    def forward(self):
+        pass
+
+    def _sync_final_model(self):
+        _sync_module_states(self, self.process_group, 1, 0, ())
+"""
+
+
+def ddp_module(source: str, seen: Callable[[], object]) -> tuple[types.ModuleType, list[object]]:
+    """A module running `source`; its helpers append `seen()` to the list as they run."""
+    module, during = types.ModuleType("ddp"), []
+    module.__dict__.update(during=during, seen=seen)
+    exec(source, module.__dict__)
+    return module, during
+
+
+def test_ddps_constructor_collectives_count_on_its_group(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # patch_ddp hands torch to the checks
+    recorder = make_recorder(tmp_path)
+    patches, group = TorchPatches(recorder), object()
+    patches._slots[group] = recorder.writer.group_slot("0", (0, 1), 2)  # as DDP's group is
+
+    def seen() -> tuple[str, int, int]:
+        world = published(recorder).groups[0]
+        return world.op, world.entered_seq, world.completed_seq
+
+    module, during = ddp_module(DDP_MODULE, seen)
+    patches.patch_ddp(module)
+    ddp = module.DistributedDataParallel(group)
+    assert during == [("ddp_init", 1, 0), ("ddp_init", 2, 1)]  # entered while each runs
+    assert seen() == ("ddp_init", 2, 2)
+    ddp._sync_final_model()  # a Join's final sync: no constructor, not recorded
+    assert during[-1] == seen() == ("ddp_init", 2, 2)
+
+
+def test_a_torch_without_ddps_helpers_keeps_its_constructor_as_it_is(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    source = DDP_MODULE.replace("_verify_param_shape_across_processes", "_check_shapes").replace(
+        "module, process_group, broadcast", "module, pg, broadcast")
+    module, _ = ddp_module(source, lambda: None)
+    helpers = (module._check_shapes, module._sync_module_states)
+    TorchPatches(make_recorder(tmp_path)).patch_ddp(module)
+    assert (module._check_shapes, module._sync_module_states) == helpers

@@ -1,5 +1,6 @@
-"""Stacks taken with `py-spy --native`: real dumps of a 3-rank gloo job (tests/fixtures/stacks),
-in which native frames sit above and below the Python ones."""
+"""Stacks taken with `py-spy --native`: real dumps of 3-rank gloo jobs (tests/fixtures/stacks),
+in which native frames sit above and below the Python ones: ranks in an all-reduce, and ranks
+in DDP's constructor while a peer never wrapped its model."""
 
 from __future__ import annotations
 
@@ -7,18 +8,50 @@ import json
 from pathlib import Path
 
 import pytest
+from test_verdict import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 
 from agent.stacks import main_thread_frames
-from watchdog.coordinator.evidence import collective_frame, python_frames, stuck_frame
-from watchdog.coordinator.incident import stack_groups
-from watchdog.model import Frame, RankStack
+from watchdog.coordinator.evidence import (
+    collective_frame,
+    distributed_frame,
+    python_frames,
+    stuck_frame,
+)
+from watchdog.coordinator.incident import rank_rows, stack_groups
+from watchdog.coordinator.verdict import decide
+from watchdog.model import Frame, Kind, RankStack
 
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 STACKS = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+# tests/fixtures/stacks/README.md: ranks 0 (and 1, 3 alike) wait in DDP's shape check; rank 2
+# loads its pretrained weights before wrapping its model, for ever
+PRE_DDP = {0: "ddp_init_rank0", 1: "ddp_init_rank0", 2: "pre_ddp_rank2", 3: "ddp_init_rank0"}
+WORKER_QUEUE = (  # a rank waiting for its DataLoader workers' next batch
+    Frame("wait", "/usr/lib/python3.11/threading.py", 331),
+    Frame("get", "/usr/lib/python3.11/multiprocessing/queues.py", 113),
+    Frame("_try_get_data", "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
+          1275),
+    Frame("_next_data", "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
+          1456),
+    Frame("main", "/home/ml/train.py", 104),
+)
+DCP_WRITE = (  # torch.distributed.checkpoint.save writing its shard: a phase, not a wait
+    Frame("_write_files_from_queue",
+          "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/filesystem.py", 472),
+    Frame("_write_data",
+          "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/filesystem.py", 712),
+    Frame("save_checkpoint", "/home/ml/train.py", 58),
+)
+
+
+def dump(name: str) -> tuple[Frame, ...]:
+    """The main thread of a fixture dump, in this checkout (see the fixtures' README)."""
+    text = (STACKS / f"py_spy_native_{name}.json").read_text().replace("{CHECKOUT}", CHECKOUT)
+    return main_thread_frames(json.loads(text), pid=0)
 
 
 def frames(rank: int) -> tuple[Frame, ...]:
-    dump = json.loads((STACKS / f"py_spy_native_rank{rank}.json").read_text())
-    return main_thread_frames(dump, pid=0)
+    return dump(f"rank{rank}")
 
 
 def test_dumps_hold_native_frames_around_the_python_ones() -> None:
@@ -49,3 +82,53 @@ def test_native_addresses_do_not_split_stack_groups() -> None:
     assert [group["ranks"] for group in groups] == [[2], [0, 1]]
     assert [group["top"] for group in groups] == ["train_step (waiter.py:6)",
                                                   "all_reduce (distributed_c10d.py:3252)"]
+
+
+@pytest.mark.parametrize(("name", "function"), [
+    ("ddp_init_rank0", "_verify_param_shape_across_processes"),
+    ("ddp_broadcast_hooked", "_sync_module_states"),  # the hook's wrapper sits between
+])
+def test_a_rank_in_ddps_constructor_waits_in_torch_distributed(name: str, function: str) -> None:
+    found = collective_frame(dump(name))
+    assert found is not None and found.function == function
+    assert found.file.endswith("torch/distributed/utils.py")
+
+
+def test_a_rank_in_its_own_code_is_not_waiting_whatever_called_it() -> None:
+    """Under DDP's forward, in a DataLoader, or before DDP: user frames are innermost. A
+    distributed checkpoint writing its files waits for no one either."""
+    for stack in (dump("pre_ddp_rank2"), FORWARD_LOOP, DATA_STALL, WORKER_QUEUE, DCP_WRITE):
+        assert distributed_frame(stack) is None and collective_frame(stack) is None
+    stuck = stuck_frame(dump("pre_ddp_rank2"))
+    assert stuck is not None and (stuck.function, stuck.file) == (
+        "load_pretrained", f"{CHECKOUT}/watchdog/demo/train.py")
+
+
+def test_stacks_alone_name_the_rank_that_never_reached_ddp() -> None:
+    """No hook anywhere: the three in DDP's constructor wait, the fourth is the culprit."""
+    job = snapshot(*(unhooked(r) for r in WORLD), stacks={r: dump(PRE_DDP[r]) for r in WORLD})
+    verdict = decide(job)
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+        Kind.MISSING_RANKS, (2,), (0, 1, 3))
+    assert verdict.summary.startswith("rank 2 (stuck in load_pretrained at train.py:130) never "
+                                      "reached the collective that ranks 0,1,3 wait in "
+                                      "(_verify_param_shape_across_processes called at train.py:"
+                                      ), verdict.summary
+
+
+def test_hooked_ranks_that_cannot_record_ddps_constructor_leave_the_stacks_to_decide() -> None:
+    """A torch whose DDP helpers the hook does not know: every rank at #0, none pending. The
+    minority outside torch.distributed is named, the others wait (not 'rank 0 stuck in
+    <module>')."""
+    job = snapshot(*(rank(r, done(0, 0.0, op=""), steps=0) for r in WORLD),
+                   stacks={r: dump(PRE_DDP[r]) for r in WORLD})
+    verdict = decide(job)
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+        Kind.RANK_STALLED, (2,), (0, 1, 3))
+    assert verdict.summary.startswith("rank 2 (stuck in load_pretrained at train.py:130) made no "
+                                      "progress for 42 s outside any collective; ranks 0,1,3 "
+                                      "wait in a collective (_verify_param_shape_across_processes"
+                                      ), verdict.summary
+    assert [row["state"] for row in rank_rows(job)] == ["WAITING"] * 2 + ["STALLED", "WAITING"]

@@ -584,6 +584,24 @@ def test_any_snapshot_gets_a_consistent_verdict(
     assert stalled or verdict.kind == Kind.RANK_EXITED
 
 
+def test_a_rank_that_never_reached_ddps_constructor_is_named_with_what_the_others_wait_in(
+) -> None:
+    """DDP's constructor's shape check, recorded by the hook as ddp_init #1, reads as what it
+    is; the JSON keeps the op's name."""
+    job = snapshot(
+        *(rank(r, entered(1, 2.0 + r / 10, op="ddp_init"), steps=0) for r in (0, 1, 3)),
+        rank(2, done(0, 0.0, op=""), steps=0),
+        stacks={2: (Frame("load_pretrained", TRAIN, 40), Frame("main", TRAIN, 90))},
+    )
+    verdict = decide(job)
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks, verdict.collective) == (
+        Kind.MISSING_RANKS, (2,), (0, 1, 3), world_ref(1, "ddp_init"))
+    assert verdict.summary == (
+        "rank 2 (stuck in load_pretrained at train.py:40) never reached DDP's initial parameter "
+        "broadcast (ddp_init #1 on group 0 (world)); ranks 0,1,3 wait there since 12:00:02")
+
+
 def test_rank_still_importing_torch_while_the_others_wait_in_init() -> None:
     """Hooked ranks report no group before init_process_group returns: stacks decide."""
     stacks = {0: IMPORTING_TORCH, 1: IN_RENDEZVOUS, 2: IN_RENDEZVOUS, 3: IN_RENDEZVOUS}

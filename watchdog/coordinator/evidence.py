@@ -7,6 +7,7 @@ carries says the same thing the verdict was decided on.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -52,6 +53,10 @@ BUSY_MAIN_CPU = 0.05  # cores used by the main thread
 BUSY_PROCESS_CPU = 0.10  # cores used by the whole process (a writer thread, say)
 BUSY_IO_RATE = 64 * 1024  # bytes/s read or written
 _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
+# Any module of torch.distributed but its checkpointing, which writes and plans in its own
+# frames (a long save is a phase, not a wait) and waits through distributed_c10d.py, which the
+# collective rule sees.
+_TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\](?!checkpoint[/\\])")
 
 
 def is_library_frame(frame: Frame) -> bool:
@@ -95,9 +100,33 @@ def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
 def collective_frame(frames: Sequence[Frame]) -> Frame | None:
     """The torch.distributed call (or DDP backward) the innermost frames sit in, if any: the
     outermost such frame, which is the one the user called (init_process_group, not the helper
-    it waits in)."""
-    inside = [f for f in python_frames(frames)[:_COLLECTIVE_DEPTH] if _is_collective(f)]
-    return inside[-1] if inside else None
+    it waits in); else the torch.distributed function they sit in (`distributed_frame`)."""
+    frames = python_frames(frames)
+    inside = [f for f in frames[:_COLLECTIVE_DEPTH] if _is_collective(f)]
+    return inside[-1] if inside else distributed_frame(frames)
+
+
+def distributed_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The torch.distributed function the innermost Python frames sit in (the hook's wrappers
+    aside), if any: the outermost of those innermost torch.distributed frames, which is the one
+    its caller called. The collectives torch issues from C++ wait there under no function the
+    hook records or `_COLLECTIVE_FUNCTIONS` lists: DDP's constructor waits in
+    `_sync_module_states` and `_verify_param_shape_across_processes`. A rank stuck in its own
+    code under DDP's forward, or in a DataLoader, has other code innermost; one writing a
+    distributed checkpoint does not wait (see `_TORCH_DISTRIBUTED`)."""
+    found = None
+    for frame in python_frames(frames):
+        if frame.file.startswith(HOOK_DIR):
+            continue
+        if not _in_torch_distributed(frame.file):
+            break
+        found = frame
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_torch_distributed(file: str) -> bool:
+    return _TORCH_DISTRIBUTED.search(file) is not None
 
 
 def _is_collective(frame: Frame) -> bool:
@@ -107,7 +136,7 @@ def _is_collective(frame: Frame) -> bool:
 def waits_on_device(frames: Sequence[Frame]) -> bool:
     """Whether the innermost frames wait for a collective or the GPU, where NCCL and CUDA spin."""
     return any(f.function in _DEVICE_WAIT_FUNCTIONS or _is_collective(f)
-               for f in frames[:_COLLECTIVE_DEPTH])
+               for f in frames[:_COLLECTIVE_DEPTH]) or distributed_frame(frames) is not None
 
 
 def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) -> str:
@@ -181,12 +210,17 @@ def waits_in_collective(rank: RankState, stack: RankStack | None,
     """Pending in a collective its hook recorded that no member of its group has gone past
     (`furthest`: see `furthest_entered`). A member past it means this rank finished it too: DDP's
     all-reduce, for one, stays pending until the optimizer step, which a rank stuck after its
-    backward never reaches. Then, and for a rank reporting no group, its stack decides."""
+    backward never reaches. Then, and for a rank reporting no group, its stack decides; for a
+    rank with nothing pending, only a stack inside torch.distributed (see `distributed_frame`):
+    a user's backward hook sits near `run_backward` without waiting for anyone."""
     pending = [progress for progress in rank.groups if progress.pending]
     if any(furthest.get(p.group, 0) <= p.entered_seq for p in pending):
         return True
     if rank.groups and not pending:
-        return False
+        # Outside whatever its hook recorded, a stack inside torch.distributed still waits for
+        # its peers: in a collective torch issues from C++ that the hook could not record (DDP's
+        # constructor, on a torch whose helpers it does not know).
+        return stack is not None and distributed_frame(stack.frames) is not None
     return stack is not None and collective_frame(stack.frames) is not None
 
 

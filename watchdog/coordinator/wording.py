@@ -6,10 +6,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
 from watchdog.explain.scan import classify_line
-from watchdog.model import WORLD_GROUP, Advice, CollectiveRef, RankState
+from watchdog.model import DDP_INIT_OP, WORLD_GROUP, Advice, CollectiveRef, RankState
 from watchdog.text import clock, ranks_text
 
 MESSAGE_CHARS = 200  # of an exception's message in a summary: its first line, cut here
+# What a collective the hook names after no torch function is, in a user's words
+_OP_MEANINGS = {DDP_INIT_OP: "DDP's initial parameter broadcast"}
 
 
 def group_text(group: str, members: Sequence[int]) -> str:
@@ -20,8 +22,11 @@ def group_text(group: str, members: Sequence[int]) -> str:
 
 
 def collective_text(ref: CollectiveRef) -> str:
-    """'all_reduce #57 on group 0 (world)'."""
-    return f"{ref.op} #{ref.seq} on {group_text(ref.group, ref.ranks)}"
+    """'all_reduce #57 on group 0 (world)'; "DDP's initial parameter broadcast (ddp_init #1 on
+    group 0 (world))"."""
+    text = f"{ref.op} #{ref.seq} on {group_text(ref.group, ref.ranks)}"
+    meaning = _OP_MEANINGS.get(ref.op)
+    return f"{meaning} ({text})" if meaning else text
 
 
 def culprits_text(job: StallView, ranks: Sequence[int]) -> str:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
           "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock", "init_stall",
-          "crash", "killed")
+          "crash", "killed", "pre_ddp_stall")
 EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
 # Setup mistakes that never hang: rank 0 loads other weights after wrapping; no
 # DistributedSampler; no DDP; no set_epoch; the model cast to float64 after wrapping.
@@ -119,6 +119,14 @@ def checkpoint(writer: bool, seconds: float) -> None:
 def prepare_dataset() -> None:
     """Stands for a rank that prepares its data before joining the job, and never finishes."""
     announce("init_stall")
+    time.sleep(3600)
+
+
+def load_pretrained() -> None:
+    """Stands for a rank that loads pretrained weights after joining and before wrapping its
+    model in DDP, and never finishes: idle (no CPU, no I/O) while its peers wait in DDP's
+    constructor."""
+    announce("pre_ddp_stall")
     time.sleep(3600)
 
 
@@ -274,6 +282,8 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     dataset = Samples(64 * world, args.fault_step if stall else None)
     sampler = None if "no_sampler" in args.mistake else DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
+    if args.fault == "pre_ddp_stall" and rank == args.fault_rank:
+        load_pretrained()
     model, dtype = build_model(args.mistake, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     evaluate_for(model, args.slow_start)

@@ -45,6 +45,12 @@ SHARES_MODEL = frozenset({
     "reduce_scatter_single", "all_gather_into_tensor", "all_gather_single", "all_to_all",
     "all_to_all_single"})
 DDP_OP = b"all_reduce"
+# The collectives DDP's constructor issues from C++, through these helpers that
+# torch.nn.parallel.distributed imports from torch.distributed.utils: the parameter shape check,
+# then the broadcast of rank 0's parameters and buffers. Recorded under one op name, which the
+# coordinator words as DDP's initial parameter broadcast (watchdog.model.DDP_INIT_OP).
+DDP_INIT_CALLS = ("_verify_param_shape_across_processes", "_sync_module_states")
+DDP_INIT_OP = b"ddp_init"
 SHUTDOWN_GRACE_S = 60.0
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
 
@@ -377,6 +383,7 @@ class TorchPatches:
     def patch_ddp(self, module: ModuleType) -> None:
         """Count each DDP forward that will all-reduce gradients in backward as a collective
         entered: the all-reduce runs in C++, out of Python's sight, and every rank must run it.
+        So do the constructor's shape check and broadcast, which torch also issues from C++.
         The checks learn of each DDP module as it is wrapped, and see the batches it gets."""
         ddp_class = module.DistributedDataParallel
         original = ddp_class.forward
@@ -400,6 +407,38 @@ class TorchPatches:
         ddp_class.forward = forward
         if checks.first_check != sys.maxsize:
             ddp_class.__init__ = self._after_init(ddp_class.__init__, checks.wrapped)
+        for name in DDP_INIT_CALLS:
+            wrapper = self._ddp_init_call(getattr(module, name, None))
+            if wrapper is not None:
+                setattr(module, name, wrapper)
+
+    def _ddp_init_call(self, original: Any) -> Any:
+        """One of DDP's constructor's collectives (see DDP_INIT_CALLS), as a collective entered
+        on DDP's process group and completed when it returns; None for a torch whose helper
+        this hook does not know. The same helpers sync the final model of a Join, which is no
+        constructor: those calls pass through unrecorded."""
+        try:
+            params = list(inspect.signature(original).parameters)
+        except (TypeError, ValueError):  # no such helper, or not a Python function
+            return None
+        if "process_group" not in params:
+            return None
+        rec, group_at, frame = self._rec, params.index("process_group"), sys._getframe
+
+        @functools.wraps(original)
+        def ddp_init(*args: Any, **kwargs: Any) -> Any:
+            if not rec.enabled or frame(1).f_code.co_name != "__init__":
+                return original(*args, **kwargs)
+            group = args[group_at] if len(args) > group_at else kwargs.get("process_group")
+            slot = self.slot(group)
+            if slot < 0:
+                return original(*args, **kwargs)
+            seq = rec.enter(slot, DDP_INIT_OP)
+            result = original(*args, **kwargs)
+            rec.complete(slot, seq)
+            return result
+
+        return ddp_init
 
     def _checked(self, check: Callable[..., None], *args: Any) -> None:
         """A check, from the training thread: its fault disables the hook, never the job."""
