@@ -47,3 +47,22 @@ def test_each_torchrun_attempt_is_its_own_job_and_restart_ends_the_hung_one(
     assert not old_pids & {row["pid"] for row in hang["ranks"]}
     assert [row["state"] for row in hang["ranks"]] == ["WAITING", "WAITING", "STALLED"]
     assert f"ending the 3 workers of {hang['job_id']}" in run.output
+
+
+def test_every_rank_raising_the_same_error_is_one_bug_not_one_rank(
+        watch: Any, tmp_path: Path) -> None:
+    """Every rank builds its DataLoader with a DistributedSampler and shuffle=True: four exits
+    milliseconds apart, one verdict naming all four, with the fix."""
+    run = watch("--mistake", "sampler_shuffle", watchdog_args=("--on-hang", "kill"))
+    exits = [i for i in stored(tmp_path) if i["kind"] == "RANK_EXITED"]
+    assert len(exits) == 1, run.output
+    incident = exits[0]
+    assert incident["culprit_ranks"] == [0, 1, 2, 3], incident["summary"]
+    assert incident["summary"].startswith(
+        "all 4 ranks raised ValueError: sampler option is mutually exclusive with shuffle at "
+        "train.py:")
+    assert incident["summary"].endswith(": a bug in the code, not a rank to blame")
+    assert {row["exit_reason"]["exception"]["type"] for row in incident["ranks"]} == {
+        "ValueError"}
+    assert incident["advice"]["category"] == "API_MISUSE"
+    assert "DistributedSampler(dataset, shuffle=True)" in incident["advice"]["fix"]

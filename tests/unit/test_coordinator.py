@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
-from test_verdict import JOB, T0, done, entered, rank
+import pytest
+from test_verdict import JOB, T0, done, entered, raised, rank
 
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, service
 from watchdog.coordinator.service import MAX_JOBS, NODE_TIMEOUT_S
 from watchdog.model import NodeReport, RankState
 
@@ -143,3 +145,44 @@ def test_a_hang_that_ends_is_not_a_notice_that_ended(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert ended == [] and "ended_at" not in (hub.jobs[JOB].incident or {})
+
+
+def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> dict[str, Any]:
+    """Rank 3 raised (node-a's report); `later` arrives from node-b 0.1 s after the coordinator
+    began to judge it. The incident told, and within how long."""
+    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
+    told: list[dict[str, Any]] = []
+    hub.listeners.append(told.append)
+
+    async def scenario() -> None:
+        now = time.time()
+        hub.ingest(report("node-b", *(rank(r) for r in (0, 1, 2))), now)
+        hub.ingest(report("node-a", raised(3, at=0.0)), now)
+        hub.evaluate_all(now)
+        await asyncio.sleep(0.1)
+        hub.ingest(report("node-b", *later), now + 0.1)
+        await asyncio.wait_for(hub.settled(), settle + 5.0)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "EXIT_SETTLE_S", settle)
+        asyncio.run(scenario())
+    assert len(told) == 1
+    return told[0]
+
+
+def test_an_exit_that_raised_waits_for_the_peers_that_raised_alike(tmp_path: Path) -> None:
+    incident = judge_exit(tmp_path, 30.0, tuple(raised(r, at=0.01) for r in (0, 1, 2)))
+    assert incident["culprit_ranks"] == [0, 1, 2, 3]
+    assert incident["summary"].startswith("all 4 ranks raised ValueError")
+
+
+def test_an_exit_that_raised_waits_no_longer_for_peers_that_train_on(tmp_path: Path) -> None:
+    started = time.monotonic()
+    incident = judge_exit(tmp_path, 30.0, tuple(rank(r, steps=57) for r in (0, 1, 2)))
+    assert incident["culprit_ranks"] == [3]
+    assert time.monotonic() - started < 10.0
+
+
+def test_an_exit_that_raised_waits_a_bounded_time(tmp_path: Path) -> None:
+    incident = judge_exit(tmp_path, 0.5, tuple(rank(r) for r in (0, 1, 2)))
+    assert incident["culprit_ranks"] == [3]

@@ -25,6 +25,7 @@ from watchdog.explain import (
 )
 from watchdog.explain.advice import (
     ADVICE,
+    API_MISUSE,
     COLLECTIVE_TIMEOUT,
     CONNECT_FAILED,
     DESYNC,
@@ -66,6 +67,8 @@ FIXTURE_FINDINGS: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {
     },
     "torchrun_early_exit_gloo.log": {17: (PEER_EXITED, (3,)), 30: (PEER_EXITED, (1,)),
                                      43: (PEER_EXITED, (0,))},
+    # 14, 25: the traceback's source line `raise ValueError("sampler option ...")` restates it
+    "torchrun_sampler_shuffle_gloo.log": {15: (API_MISUSE, (0,)), 26: (API_MISUSE, (1,))},
 }
 
 
@@ -234,6 +237,29 @@ VARIANTS: list[tuple[str, str, tuple[int, ...]]] = [
     ("[rank2]:[E1202 13:53:26.1 ProcessGroupGloo.cpp:67] Rank 2 successfully reached "
      "monitoredBarrier, but received errors while waiting for send/recv from rank 0. Please "
      "check rank 0 logs for faulty rank.", DESYNC, ()),
+    # What torch 2.13 raises for mistakes in the training code (CPU, gloo, 2 ranks), verbatim.
+    ("[rank0]: ValueError: sampler option is mutually exclusive with shuffle", API_MISUSE, (0,)),
+    ("ValueError: Default process group has not been initialized, please make sure to call "
+     "init_process_group.", API_MISUSE, ()),
+    ("ValueError: trying to initialize the default process group twice!", API_MISUSE, ()),
+    ("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
+     "single-device/multiple-device GPU modules or CPU modules, but got device_ids [0], "
+     "output_device None, and module parameters {device(type='cpu')}.", API_MISUSE, ()),
+    ("RuntimeError: DistributedDataParallel is not needed when a module doesn't have any "
+     "parameter that requires a gradient.", API_MISUSE, ()),
+    ("[rank1]: RuntimeError: Expected to have finished reduction in the prior iteration before "
+     "starting a new one. This error indicates that your module has parameters that were not "
+     "used in producing loss. You can enable unused parameter detection by passing the keyword "
+     "argument `find_unused_parameters=True` to `torch.nn.parallel.DistributedDataParallel`, and "
+     "by ", API_MISUSE, (1,)),
+    ("RuntimeError: Expected to mark a variable ready only once. This error is caused by one of "
+     "the following reasons: 1) Use of a module parameter outside the `forward` function.",
+     API_MISUSE, ()),
+    ("RuntimeError: DDP expects same model across all ranks, but Rank 1 has 4 params, while rank "
+     "0 has inconsistent 2 params.", API_MISUSE, (1, 0)),
+    ("RuntimeError: [1]: params[0] in this process with sizes [3, 2] appears not to match sizes "
+     "of the same param in process 0.", API_MISUSE, ()),
+    ("RuntimeError: No backend type associated with device type cpu", API_MISUSE, ()),
     # glog prefixes from torchrun's Python logging and a collector's timestamp
     ("2024-05-01T12:00:00.123Z E1202 13:07:10.834000 7640 torch/distributed/run.py:1] "
      "torch.distributed.DistNetworkError: Connection reset by peer", PEER_EXITED, ()),
@@ -263,6 +289,7 @@ BENIGN = [
     "Received a dump signal due to a collective timeout from  rank 7 and we will try our best",
     "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
     "[rank2]:   File \"/job/nccl_error_handling.py\", line 3, in <module>",
+    '[rank0]:     raise ValueError("sampler option is mutually exclusive with shuffle")',
     "[default3]:[rank3]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
     "NCCL version 2.21.5+cuda12.4",
     "host-2:38610:38610 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.10.6.118<0>",
@@ -362,12 +389,22 @@ def test_ib_cause_names_the_completion_status() -> None:
 def test_every_category_has_advice_and_findings_use_it() -> None:
     closed_set = {PEER_EXITED, CONNECT_FAILED, IB_ERROR, GPU_OOM, SHM, COLLECTIVE_TIMEOUT,
                   WATCHDOG_STUCK, NCCL_ERROR, PORT_IN_USE, ENV_MISSING, INVALID_RANK, RENDEZVOUS,
-                  DESYNC}
+                  DESYNC, API_MISUSE}
     assert set(ADVICE) == closed_set == {rule.category for rule in RULES}
     assert all(cause and fix for cause, fix in ADVICE.values())
     finding = classify_line(1, "torch.distributed.DistNetworkError: ... EADDRINUSE")
     assert finding is not None
     assert "--master_port" in finding.fix
+
+
+def test_a_mistake_gets_its_own_fix() -> None:
+    finding = classify_line(1, "RuntimeError: No backend type associated with device type cpu")
+    assert finding is not None
+    assert "a cpu tensor" in finding.cause and "cpu:gloo,cuda:nccl" in finding.fix
+    sampler = classify_line(1, "ValueError: sampler option is mutually exclusive with shuffle")
+    assert sampler is not None
+    assert "DistributedSampler(dataset, shuffle=True)" in sampler.fix
+    assert "set_epoch" in sampler.fix
 
 
 def test_json_output_is_one_list_of_findings(capsys: pytest.CaptureFixture[str]) -> None:

@@ -640,3 +640,65 @@ def test_group_members_beyond_those_a_beacon_lists_still_count() -> None:
     assert verdict.collective == CollectiveRef("1", members, 5, "all_reduce")
     assert "while ranks 0-289,291-299 wait in all_reduce #5 on group 1 (ranks 0-299)" in (
         verdict.summary)
+
+
+# What every rank of a job raises when its DataLoader gets a DistributedSampler and shuffle=True.
+SAMPLER_SHUFFLE = ExitReason(
+    "ValueError", "sampler option is mutually exclusive with shuffle",
+    (Frame("__init__", f"{SITE}/torch/utils/data/dataloader.py", 375),
+     Frame("main", TRAIN, 262), Frame("<module>", TRAIN, 300)))
+
+
+def raised(number: int, at: float, reason: ExitReason = SAMPLER_SHUFFLE) -> RankState:
+    return dataclasses.replace(exited(rank(number, steps=0), at=at, code=1, clean=True),
+                               exit_reason=reason)
+
+
+def test_every_rank_that_raised_the_same_error_at_the_same_place_is_named() -> None:
+    verdict = decide(snapshot(*(raised(r, at=3.0 + 0.004 * (3 - r)) for r in WORLD),
+                              stalled=False))
+    assert verdict is not None
+    assert (verdict.kind, verdict.culprit_ranks, verdict.waiting_ranks) == (
+        Kind.RANK_EXITED, WORLD, ())
+    assert verdict.summary == (
+        "all 4 ranks raised ValueError: sampler option is mutually exclusive with shuffle at "
+        "train.py:262: a bug in the code, not a rank to blame")
+    assert verdict.advice is not None and verdict.advice.category == "API_MISUSE"
+
+
+def test_ranks_that_raised_alike_are_named_and_the_others_said_to_need_them() -> None:
+    verdict = decide(snapshot(rank(0, entered(1, 2.9)), *(raised(r, at=3.0 + 0.01 * r)
+                                                          for r in (1, 2, 3)), stalled=False))
+    assert verdict is not None
+    assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((1, 2, 3), (0,))
+    assert verdict.summary == (
+        "ranks 1-3 all raised ValueError: sampler option is mutually exclusive with shuffle at "
+        "train.py:262: a bug in the code, not a rank to blame; rank 0 still needed them")
+
+
+ELSEWHERE = dataclasses.replace(SAMPLER_SHUFFLE, frames=(
+    Frame("__init__", f"{SITE}/torch/utils/data/dataloader.py", 375), Frame("main", TRAIN, 270)))
+OTHER_TYPE = dataclasses.replace(SAMPLER_SHUFFLE, exception="TypeError")
+
+
+@pytest.mark.parametrize("other", [ELSEWHERE, OTHER_TYPE, None])
+def test_a_rank_whose_error_differs_in_type_or_place_is_named_alone(
+        other: ExitReason | None) -> None:
+    """Rank 2 raised first; rank 0 raised at another line, or another type, or not at all."""
+    second = raised(0, at=3.1, reason=other) if other else rank(0, entered(1, 2.9))
+    verdict = decide(snapshot(second, rank(1, entered(1, 2.9)), raised(2, at=3.0),
+                              rank(3, entered(1, 2.9)), stalled=False))
+    assert verdict is not None
+    assert verdict.culprit_ranks == (2,)
+    assert verdict.summary.startswith(
+        "rank 2 raised ValueError: sampler option is mutually exclusive with shuffle at "
+        "train.py:262 and exited first at 12:00:03 (exit code 1, clean shutdown) while ranks "
+        "0,1,3 still needed it")
+
+
+def test_the_first_rank_decides_which_error_is_grouped() -> None:
+    """Ranks 1 and 3 raised alike, but after rank 0 raised something else: rank 0 is named."""
+    verdict = decide(snapshot(raised(0, at=2.0, reason=ELSEWHERE), raised(1, at=3.0),
+                              rank(2, entered(1, 1.9)), raised(3, at=3.1), stalled=False))
+    assert verdict is not None
+    assert verdict.culprit_ranks == (0,)

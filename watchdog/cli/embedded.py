@@ -169,7 +169,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         # The job is gone: one last look so an exit in its final moments is still diagnosed.
         report = await asyncio.to_thread(agent.scan)
         coordinator.ingest(report, report.sent_at)
-        await asyncio.gather(*coordinator.evaluate_all(report.sent_at))
+        coordinator.evaluate_all(report.sent_at)
+        await coordinator.settled()
         return code
     finally:
         stop.set()

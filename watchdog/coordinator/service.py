@@ -6,7 +6,8 @@ stored before anyone hears of it, so a crash after that loses nothing; when the 
 it is told all the same and stored once the database works again (`persist`). A notice whose
 rank moved on is stored again with `ended_at`, and its end told to `ended_listeners`. Which
 agent may report which node and answer which request: `sessions`; which ranks a job trusts:
-`admission`.
+`admission`. Where a rank raised, the verdict waits a moment for its peers' exits
+(`_settle_exits`): ranks that raise one error are named together.
 A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
 long the coordinator runs.
 """
@@ -58,6 +59,9 @@ MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten firs
 SWEEP_S = 5.0
 NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
+# Ranks that raise one error exit milliseconds apart, yet their exits come in different reports
+# (each agent reports once a second): a verdict on the first alone would blame one of them.
+EXIT_SETTLE_S = 2.0
 
 IncidentListener = Callable[[dict[str, Any]], None]
 # A notice that ended (with `ended_at`), and how long its stall lasted, in seconds.
@@ -83,6 +87,7 @@ class Coordinator:
         self._job_seen: dict[str, float] = {}
         self._stacks_asked: dict[str, float] = {}  # job id -> monotonic time
         self._swept_at = 0.0
+        self._in_flight: set[asyncio.Task[None]] = set()  # diagnoses and findings being told
         self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
 
     # -- CoordinatorHandler: called by the gRPC servicer --
@@ -207,6 +212,18 @@ class Coordinator:
 
     def evaluate_all(self, now: float) -> list[asyncio.Task[None]]:
         """Judge every job as of `now`; a diagnosis that needs stacks runs as a task."""
+        tasks = self._judge_all(now)
+        self._in_flight.update(tasks)
+        for task in tasks:
+            task.add_done_callback(self._in_flight.discard)
+        return tasks
+
+    async def settled(self) -> None:
+        """Wait for the diagnoses begun so far: the job ended, and what they find is still
+        said (an exit waiting for its peers' exits, `_settle_exits`, above all)."""
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    def _judge_all(self, now: float) -> list[asyncio.Task[None]]:
         tasks = []
         for job in self.jobs.values():
             ended = self._observe(job, now)
@@ -253,6 +270,7 @@ class Coordinator:
         verdict stands only on evidence of a rank idle while its peers wait."""
         started = time.monotonic()
         try:
+            await self._settle_exits(job)
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
             stacks = await self.gather_stacks(job, live, STACK_SAMPLES if stalled else 1)
@@ -276,6 +294,20 @@ class Coordinator:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
             job.evaluating = False
+
+    async def _settle_exits(self, job: JobView) -> None:
+        """Where a rank raised, give its peers' exits EXIT_SETTLE_S to arrive, so that ranks
+        that raised the same error are named together; no longer once every rank exited, or
+        every live rank finished a step since (they train on: they did not raise)."""
+        if not any(r.exit_reason is not None and r.exit_reason.exception
+                   for r in job.ranks.values() if not r.alive):
+            return
+        steps = {r.rank: r.steps for r in job.ranks.values() if r.alive}
+        deadline = time.monotonic() + EXIT_SETTLE_S
+        while time.monotonic() < deadline and not job.everyone_left:
+            if all(r.steps > steps.get(r.rank, r.steps) for r in job.ranks.values() if r.alive):
+                return
+            await asyncio.sleep(self.tick)
 
     @staticmethod
     def _hold(job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> bool:

@@ -15,6 +15,9 @@ Beyond docs/design.md's table:
   collective, ranks 1-3 in the world's), are a COLLECTIVE_MISMATCH across groups.
 - DDP's all-reduce counts as entered at forward: a rank whose stack is outside any collective
   while its peers' stacks wait never reached it (MISSING_RANKS, not ALL_IN_COLLECTIVE).
+- Ranks that raised the same exception type at the same place of the user's code are one bug,
+  blamed together (RANK_EXITED "all 4 ranks raised ..."); an exception that says a peer went
+  away (explain's PEER_EXITED) is never grouped: every victim of one death raises it alike.
 
 Ties, so that one snapshot always gives one verdict:
 - COLLECTIVE_MISMATCH blames every side but the largest; between equal sides, the side holding
@@ -38,10 +41,12 @@ from watchdog.coordinator.evidence import (
     finished_cleanly,
     in_open_phase,
     latest_pending,
+    stuck_frame,
     wedge_reason,
 )
 from watchdog.coordinator.startup import setup_stall
 from watchdog.coordinator.wording import (
+    all_raised_text,
     busy_text,
     collective_text,
     culprits_text,
@@ -53,7 +58,7 @@ from watchdog.coordinator.wording import (
     waiters_text,
 )
 from watchdog.explain.advice import PEER_EXITED
-from watchdog.model import CollectiveRef, JobSnapshot, Kind, RankState, Verdict
+from watchdog.model import CollectiveRef, Frame, JobSnapshot, Kind, RankState, Verdict
 from watchdog.text import clock, ranks_text
 
 _Side = TypeVar("_Side")
@@ -118,18 +123,47 @@ def _rank_exited(snapshot: JobSnapshot) -> Verdict | None:
     if not exited or not _still_needed(snapshot, exited[0]):
         return None
     first = exited[0]
-    peers = [r for r in snapshot.ranks if r.rank != first.rank]
+    alike = _raised_alike(first, exited)
+    blamed = {r.rank for r in alike}
+    peers = [r for r in snapshot.ranks if r.rank not in blamed]
     # Peers that died after it (their connection dropped) still show where they waited.
     awaited = (awaited_collective(snapshot, peer, first) for peer in peers)
-    summary = f"{exit_text(first)} while {ranks_text(r.rank for r in peers)} still needed it"
+    if len(alike) > 1 and first.exit_reason is not None:
+        culprits = sorted(blamed)
+        summary = all_raised_text(first.exit_reason, culprits,
+                                  max(snapshot.world_size, len(snapshot.ranks)))
+        if peers:
+            summary += f"; {ranks_text(r.rank for r in peers)} still needed them"
+    else:
+        culprits = [first.rank]
+        summary = f"{exit_text(first)} while {ranks_text(r.rank for r in peers)} still needed it"
     return Verdict(
         Kind.RANK_EXITED,
         summary,
-        (first.rank,),
+        tuple(culprits),
         tuple(r.rank for r in peers if latest_pending(r) is not None),
         next((ref for ref in awaited if ref is not None), None),
         advice=exit_advice(first),
     )
+
+
+def _raised_alike(first: RankState, exited: Sequence[RankState]) -> list[RankState]:
+    """The exited ranks that raised what `first` raised, at the same place of the user's code:
+    one bug that every rank running that code hits, not a rank to blame. Only `first` when it
+    raised nothing, lost a peer (every victim raises that alike), or its place is unknown."""
+    key = _raise_site(first)
+    if key is None:
+        return [first]
+    return [rank for rank in exited if _raise_site(rank) == key]
+
+
+def _raise_site(rank: RankState) -> tuple[str, Frame] | None:
+    """(exception type, innermost frame of the user's own code) of what the rank raised."""
+    reason = rank.exit_reason
+    if reason is None or not reason.exception or _lost_a_peer(rank):
+        return None
+    frame = stuck_frame(reason.frames)
+    return None if frame is None else (reason.exception, frame)
 
 
 def _exit_order(rank: RankState) -> tuple[bool, float, int]:
@@ -137,9 +171,12 @@ def _exit_order(rank: RankState) -> tuple[bool, float, int]:
     the ranks that ended for reasons of their own. The kernel dates a killed process's exit when
     its last thread is gone, which can be after its sockets closed and a peer raised: 16 ms
     after, once, on a loaded machine."""
+    return (_lost_a_peer(rank), rank.exited_at or 0.0, rank.rank)
+
+
+def _lost_a_peer(rank: RankState) -> bool:
     advice = exit_advice(rank)
-    lost_a_peer = advice is not None and advice.category == PEER_EXITED
-    return (lost_a_peer, rank.exited_at or 0.0, rank.rank)
+    return advice is not None and advice.category == PEER_EXITED
 
 
 def _still_needed(snapshot: JobSnapshot, first: RankState) -> bool:

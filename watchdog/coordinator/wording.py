@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
 from watchdog.explain.scan import classify_line
-from watchdog.model import DDP_INIT_OP, WORLD_GROUP, Advice, CollectiveRef, RankState
+from watchdog.model import DDP_INIT_OP, WORLD_GROUP, Advice, CollectiveRef, ExitReason, RankState
 from watchdog.text import clock, ranks_text
 
 MESSAGE_CHARS = 200  # of an exception's message in a summary: its first line, cut here
@@ -91,17 +91,30 @@ def exit_text(rank: RankState) -> str:
     code = "killed/unknown exit code" if rank.exit_code is None else f"exit code {rank.exit_code}"
     how = f"({code}, {'clean shutdown' if rank.clean_exit else 'no clean shutdown'})"
     if reason is not None and reason.exception:
-        message = reason.message.strip().split("\n", 1)[0]
-        if len(message) > MESSAGE_CHARS:
-            message = message[:MESSAGE_CHARS] + "..."
-        frame = stuck_frame(reason.frames)
-        where = f" at {frame_site(frame)}" if frame is not None else ""
-        return (f"rank {rank.rank} raised {reason.exception}: {message}{where} and exited first "
-                f"at {at} {how}")
+        return f"rank {rank.rank} raised {raised_text(reason)} and exited first at {at} {how}"
     if reason is not None and reason.signal:
         killer = " (the kernel's OOM killer)" if reason.oom_killed else ""
         return f"rank {rank.rank} was killed by {reason.signal}{killer} at {at}, the first to exit,"
     return f"rank {rank.rank} exited first at {at} {how}"
+
+
+def all_raised_text(reason: ExitReason, ranks: Sequence[int], world_size: int) -> str:
+    """Ranks that raised the same exception at the same place: 'all 4 ranks raised ValueError:
+    sampler option is mutually exclusive with shuffle at train.py:262: a bug in the code, not a
+    rank to blame', or 'ranks 1-3 all raised ...' when some rank of the job did not."""
+    who = f"all {len(ranks)} ranks" if len(ranks) >= world_size else f"{ranks_text(ranks)} all"
+    return f"{who} raised {raised_text(reason)}: a bug in the code, not a rank to blame"
+
+
+def raised_text(reason: ExitReason) -> str:
+    """'RuntimeError: shard 7 is corrupt at train.py:88': the type, the message's first line
+    (cut at MESSAGE_CHARS) and the innermost frame of the user's own code."""
+    message = reason.message.strip().split("\n", 1)[0]
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS] + "..."
+    frame = stuck_frame(reason.frames)
+    where = f" at {frame_site(frame)}" if frame is not None else ""
+    return f"{reason.exception}: {message}{where}"
 
 
 def exit_advice(rank: RankState) -> Advice | None:

@@ -29,6 +29,8 @@ EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes 
 # Setup mistakes that never hang: rank 0 loads other weights after wrapping; no
 # DistributedSampler; no DDP; no set_epoch; the model cast to float64 after wrapping.
 MISTAKES = ("load_after_ddp", "no_sampler", "no_ddp", "no_set_epoch", "cast_after_ddp")
+# Mistakes that raise on every rank alike, at one line: a DistributedSampler and shuffle=True.
+RAISING_MISTAKES = ("sampler_shuffle",)
 
 
 class Progress:
@@ -167,11 +169,18 @@ def write_nccl_debug_lines(local_rank: int, peer_closed: bool) -> None:
         sys.stdout.flush()
 
 
+def shuffle_with_sampler(dataset: Samples, sampler: DistributedSampler[int] | None) -> None:
+    """The guide's example: DataLoader raises ValueError ("sampler option is mutually exclusive
+    with shuffle"), on every rank at this line."""
+    DataLoader(dataset, batch_size=4, sampler=sampler, shuffle=True)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fault", choices=FAULTS, default="none")
-    parser.add_argument("--mistake", choices=MISTAKES, action="append", default=[],
-                        help="a setup mistake that never hangs (repeatable)")
+    parser.add_argument("--mistake", choices=MISTAKES + RAISING_MISTAKES, action="append",
+                        default=[], help="a setup mistake (repeatable): the job never hangs, "
+                        "or every rank raises (sampler_shuffle)")
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
@@ -284,6 +293,8 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
     if args.fault == "pre_ddp_stall" and rank == args.fault_rank:
         load_pretrained()
+    if "sampler_shuffle" in args.mistake:
+        shuffle_with_sampler(dataset, sampler)
     model, dtype = build_model(args.mistake, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     evaluate_for(model, args.slow_start)

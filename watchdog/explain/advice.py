@@ -21,6 +21,7 @@ ENV_MISSING = "ENV_MISSING"
 INVALID_RANK = "INVALID_RANK"
 RENDEZVOUS = "RENDEZVOUS"
 DESYNC = "DESYNC"
+API_MISUSE = "API_MISUSE"
 
 # category -> (cause, fix): the defaults a rule uses unless it knows something more specific
 ADVICE: dict[str, tuple[str, str]] = {
@@ -104,6 +105,12 @@ ADVICE: dict[str, tuple[str, str]] = {
         "see what the named ranks were doing (py-spy dump, flight recorder): usually a "
         "data-dependent branch, an uneven number of batches per rank, or code that only some "
         "ranks run",
+    ),
+    API_MISUSE: (
+        "PyTorch refused how the training code uses it: a bug in the script, which every rank "
+        "that runs the same code hits alike, not a fault of the machine or of a peer",
+        "fix the call the message names (the same on every rank); the last frames of the "
+        "traceback point at it",
     ),
 }
 

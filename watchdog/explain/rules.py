@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from watchdog.explain.advice import (
     ADVICE,
+    API_MISUSE,
     COLLECTIVE_TIMEOUT,
     CONNECT_FAILED,
     DESYNC,
@@ -172,6 +173,90 @@ RULES: tuple[Rule, ...] = (
         DESYNC, ("mismatch between collectives",), ranks=_listed(r"Rank (\d+) is running"),
         cause="the ranks named called different collectives (or shapes) at the same point",
     ),
+    # Mistakes in the training code that PyTorch rejects, with its messages (torch 2.13).
+    _rule(
+        API_MISUSE, ("sampler option is mutually exclusive with",),
+        cause="the DataLoader was given a sampler (a DistributedSampler) and shuffle=True (or a "
+        "batch_sampler with batch_size, shuffle or drop_last): the sampler decides the order, so "
+        "DataLoader refuses both",
+        fix="drop shuffle=True from the DataLoader and let the sampler shuffle: "
+        "DistributedSampler(dataset, shuffle=True), with sampler.set_epoch(epoch) at the start "
+        "of every epoch (else every epoch has the same order); a batch_sampler takes batch_size "
+        "and drop_last itself",
+    ),
+    _rule(
+        API_MISUSE, ("Default process group has not been initialized",),
+        cause="torch.distributed was used (a collective, get_rank, DistributedSampler without "
+        "num_replicas and rank, DDP) before init_process_group, or in a process that never "
+        "calls it",
+        fix="call dist.init_process_group(backend) first in every process, before building the "
+        "sampler or the DDP model; code that also runs in one process checks "
+        "dist.is_initialized()",
+    ),
+    _rule(
+        API_MISUSE, ("initialize the default process group twice",),
+        cause="init_process_group was called a second time in the same process (by the script "
+        "and a library or launcher helper, or again on a retry)",
+        fix="initialise once, guarded by `if not dist.is_initialized()`; call "
+        "dist.destroy_process_group() before initialising again",
+    ),
+    _rule(
+        API_MISUSE, ("device_ids and output_device arguments only work",
+                     "device_ids can only be None or contain a single element"),
+        cause="DistributedDataParallel was given device_ids that do not fit the module: the model "
+        "is still on the CPU (or spread over several GPUs) when it is wrapped, or several "
+        "device_ids were given",
+        fix="one process per GPU: torch.cuda.set_device(local_rank), model.to(local_rank), then "
+        "DDP(model, device_ids=[local_rank]); a CPU or multi-GPU module takes no device_ids",
+    ),
+    _rule(
+        API_MISUSE, ("input module must be on the same type of devices",),
+        cause="part of the model is on the CPU and part on a GPU when DistributedDataParallel "
+        "wraps it",
+        fix="move the whole model to the rank's device (model.to(local_rank)) before wrapping it",
+    ),
+    _rule(
+        API_MISUSE, ("doesn't have any parameter that requires a gradient",),
+        cause="DistributedDataParallel wrapped a module with no trainable parameter: all are "
+        "frozen (requires_grad=False), or they are plain tensors not registered as nn.Parameter",
+        fix="wrap the module that trains; a frozen one (a teacher, a reference model) needs no "
+        "DDP; register parameters as nn.Parameter and submodules in nn.ModuleList",
+    ),
+    _rule(
+        API_MISUSE, ("Expected to have finished reduction in the prior iteration",),
+        cause="some parameters of the DDP model got no gradient in the previous iteration (not "
+        "used in the loss: a branch not taken, an unused head, a forward output left out of "
+        "the loss), so DDP's gradient reduction never finished",
+        fix="pass find_unused_parameters=True to DistributedDataParallel (it costs a graph walk "
+        "each iteration), or make every parameter take part in the loss; "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL names the parameters",
+    ),
+    _rule(
+        API_MISUSE, ("Expected to mark a variable ready only once",),
+        cause="a parameter's gradient was ready twice in one iteration: the same layers are "
+        "wrapped by several reentrant activation checkpoints, or used outside forward",
+        fix="use torch.utils.checkpoint.checkpoint(..., use_reentrant=False), or "
+        "DDP(..., static_graph=True) when the graph is the same every iteration; do not use a "
+        "DDP model's parameters outside its forward",
+    ),
+    _rule(
+        API_MISUSE, ("DDP expects same model across all ranks",
+                     "appears not to match sizes of the same param in process"),
+        cause="the ranks built different models (a different number of parameters, or other "
+        "shapes): a per-rank configuration, another checkpoint, or layers created only on some "
+        "ranks",
+        fix="build the model identically on every rank (same configuration and arguments), and "
+        "load a checkpoint into it before wrapping it in DDP, on every rank alike",
+    ),
+    _rule(
+        API_MISUSE, ("No backend type associated with device type",),
+        r"No backend type associated with device type (\w+)",
+        cause="a collective was given a {0} tensor, and the process group has no backend for "
+        "that device: CPU tensors under backend='nccl', or CUDA tensors in a CPU-only group",
+        fix="move the tensors to the rank's GPU for NCCL (tensor.to(local_rank) after "
+        "torch.cuda.set_device(local_rank)), or give each device type a backend: "
+        "init_process_group('cpu:gloo,cuda:nccl')",
+    ),
     _rule(
         WATCHDOG_STUCK,
         ("Heartbeat monitor timed out", "watchdog got stuck", "no heartbeat of its watchdog"),
@@ -277,7 +362,8 @@ _ECHOES = (
     "Received a dump signal",
     "Some NCCL operations have failed or timed out",
 )
-_ECHO_START = re.compile(r"nccl[A-Z]\w*(?:Error|Usage|Argument)\b: |frame #\d+: |File \"")
+# A traceback shows each frame's source line: `raise ValueError("...")` restates the error.
+_ECHO_START = re.compile(r"nccl[A-Z]\w*(?:Error|Usage|Argument)\b: |frame #\d+: |File \"|raise ")
 
 
 def is_benign(line: str, level: str, message: str) -> bool:
