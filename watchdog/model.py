@@ -182,6 +182,24 @@ class ExitReason:
 
 
 @dataclass(frozen=True)
+class ChildStack:
+    """A child process of a rank whose main thread waits on it (a DataLoader worker above all):
+    its main thread's stack, innermost first, and what shows whether it works."""
+
+    pid: int
+    role: str = ""  # DATALOADER_WORKER, or "" for another child process
+    worker_id: int | None = None  # a DataLoader worker's, where py-spy read it
+    state: str = ""  # its /proc state letter when sampled
+    frames: tuple[Frame, ...] = ()
+    error: str = ""  # why no stack could be taken
+    moved: bool = False  # its innermost Python frame differed between samples
+    cpu: float = 0.0  # cores it used while it was sampled
+
+
+DATALOADER_WORKER = "dataloader_worker"
+
+
+@dataclass(frozen=True)
 class RankStack:
     """The main thread's stack of one rank, innermost frame first (py-spy order)."""
 
@@ -194,6 +212,7 @@ class RankStack:
     worker_log: tuple[str, ...] = ()  # ...and of the files its stdout and stderr go to
     samples: int = 1  # stacks taken, spread over about a second; `frames` is the last one
     moved: bool = False  # their innermost Python frames differed: the rank runs Python
+    children: tuple[ChildStack, ...] = ()  # the child processes its main thread waits on
 
 
 @dataclass(slots=True)

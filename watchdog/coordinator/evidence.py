@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from watchdog.model import (
+    DATALOADER_WORKER,
     WORLD_GROUP,
+    ChildStack,
     CollectiveRef,
     Frame,
     GroupProgress,
@@ -137,7 +139,40 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
         signs.append(f"its GPU {work.gpu_util:.0f}% busy")
     if stack is not None and stack.moved:
         signs.append("its Python stack moving")
+    if stack is not None:
+        signs += [sign for child in stack.children for sign in _child_signs(child)]
     return ", ".join(signs)
+
+
+def _child_signs(child: ChildStack) -> list[str]:
+    """A child the rank waits on that works is the rank's progress: a busy DataLoader worker."""
+    signs = []
+    if child.cpu >= BUSY_PROCESS_CPU and child.state not in _STOPPED_STATES:
+        signs.append(f"{child_name(child)} using {child.cpu:.0%} of a core")
+    if child.moved:
+        signs.append(f"{child_name(child)} running Python (its stack moving)")
+    return signs
+
+
+def child_name(child: ChildStack) -> str:
+    """'its DataLoader worker 1 (pid 4242)', 'its child process 4242'."""
+    if child.role != DATALOADER_WORKER:
+        return f"its child process {child.pid}"
+    number = "" if child.worker_id is None else f" {child.worker_id}"
+    return f"its DataLoader worker{number} (pid {child.pid})"
+
+
+def stuck_child(stack: RankStack | None) -> tuple[ChildStack, Frame] | None:
+    """The child a rank waits on that is where it is stuck, and the frame it is stuck in: the
+    first that neither works nor was stopped and whose stack reaches the user's own code (an
+    idle DataLoader worker waits for its next batch in torch alone)."""
+    for child in stack.children if stack is not None else ():
+        if _child_signs(child) or child.state in _STOPPED_STATES:
+            continue
+        frame = stuck_frame(child.frames)
+        if frame is not None and not is_library_frame(frame):
+            return child, frame
+    return None
 
 
 def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
+from watchdog.coordinator.evidence import (
+    StallView,
+    child_name,
+    collective_frame,
+    frame_site,
+    stuck_child,
+    stuck_frame,
+)
 from watchdog.explain.scan import classify_line
 from watchdog.model import WORLD_GROUP, Advice, CollectiveRef, RankState
 from watchdog.text import clock, ranks_text
@@ -25,11 +32,16 @@ def collective_text(ref: CollectiveRef) -> str:
 
 
 def culprits_text(job: StallView, ranks: Sequence[int]) -> str:
-    """'rank 1 (stuck in __getitem__ at train.py:42)': where the first rank with a stack is."""
+    """'rank 1 (stuck in __getitem__ at train.py:42)': where the first rank with a stack is;
+    'rank 3 (waits for its DataLoader worker 1 (pid 4242), stuck in read_shard at data.py:16)'
+    where that rank waits on a child that is stuck."""
     for rank in ranks:
         frame = stuck_frame(job.frames(rank))
         if frame is not None:
             whose = "" if len(ranks) == 1 else f"rank {rank} "
+            child = stuck_child(job.snapshot.stacks.get(rank))
+            if child is not None:
+                whose, frame = f"{whose}waits for {child_name(child[0])}, ", child[1]
             return f"{ranks_text(ranks)} ({whose}stuck in {frame.function} at {frame_site(frame)})"
     return ranks_text(ranks)
 
