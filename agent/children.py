@@ -36,7 +36,7 @@ def waits_on_child(frames: Sequence[Frame]) -> bool:
         if is_native_file(frame.file) or file.endswith(_WAIT_HELPERS):
             continue
         if file.endswith(_DATALOADER):
-            return frame.function in _DATA_WAITS
+            return _bare(frame.function) in _DATA_WAITS
         return "/multiprocessing/" in file or file.endswith("/subprocess.py")
     return False
 
@@ -106,7 +106,12 @@ def worker_id(raw_frames: Sequence[Any]) -> int | None:
 
 
 def _is_worker_loop(function: str, file: str) -> bool:
-    return function == _WORKER_LOOP and file.replace("\\", "/").endswith(_WORKER_FILE)
+    return _bare(function) == _WORKER_LOOP and file.replace("\\", "/").endswith(_WORKER_FILE)
+
+
+def _bare(function: str) -> str:
+    """'_try_get_data' of py-spy's '_MultiProcessingDataLoaderIter._try_get_data'."""
+    return function.rpartition(".")[2]
 
 
 def cpu_cores(before: procfs.ProcStat, after: procfs.ProcStat, seconds: float) -> float:
