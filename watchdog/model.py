@@ -178,7 +178,9 @@ class ExitReason:
     message: str = ""
     frames: tuple[Frame, ...] = ()
     signal: str = ""  # e.g. SIGKILL
-    oom_killed: bool = False  # the kernel's OOM killer sent that signal
+    # The kernel's OOM killer sent that signal; with an exception: it killed a process of the
+    # rank's memory cgroup meanwhile (its DataLoader worker, where the exception names one).
+    oom_killed: bool = False
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,19 @@ def test_a_rank_row_carries_the_children_it_waits_on() -> None:
     assert row["children"][0]["worker_id"] == 0
 
 
+def test_a_rank_whose_dataloader_worker_was_killed_carries_it_as_a_dead_child() -> None:
+    killed = ExitReason("RuntimeError", "DataLoader worker (pid 4250) is killed by signal: "
+                        "Killed. ", oom_killed=True)
+    job = snapshot(dataclasses.replace(exited(rank(1, done(56, 2.6)), 3.0, 1, False),
+                                       exit_reason=killed),
+                   rank(0, entered(57, 3.1)), stalled=False)
+    (row,) = [r for r in rank_rows(job) if r["rank"] == 1]
+    assert row["children"] == [{
+        "pid": 4250, "role": "dataloader_worker", "worker_id": None, "state": "", "stack": [],
+        "error": "", "moved": False, "cpu": 0.0, "exit_code": None,
+        "exit_reason": {"signal": "SIGKILL", "oom_killed": True}}]
+
+
 def test_node_key_only_for_unreachable_nodes() -> None:
     job = data_pipeline()
     lost = Verdict(Kind.NODE_UNREACHABLE, "node-b stopped reporting", (), (), node="node-b")

@@ -456,8 +456,18 @@ RAISED = ExitReason(
 @pytest.mark.parametrize(
     ("code", "reason", "expected", "category"),
     [
-        (1, RAISED, "rank 2 raised RuntimeError: DataLoader worker (pid 4242) is killed by "
-         "signal: Killed. at train.py:88 and exited first at 12:00:03 (exit code 1, no clean "
+        (1, RAISED, "rank 2's DataLoader worker (pid 4242) was killed by SIGKILL; rank 2 raised "
+         "RuntimeError at train.py:88 and exited first at 12:00:03 (exit code 1, no clean "
+         "shutdown)", None),
+        (1, dataclasses.replace(RAISED, oom_killed=True), "rank 2's DataLoader worker (pid "
+         "4242) was killed by SIGKILL (the kernel's OOM killer); rank 2 raised RuntimeError at "
+         "train.py:88 and exited first at 12:00:03 (exit code 1, no clean shutdown)", None),
+        (1, ExitReason("RuntimeError", "DataLoader worker (pid 77) exited unexpectedly with exit "
+                                       "code 1. Details are lost due to multiprocessing."),
+         "rank 2's DataLoader worker (pid 77) died (exit code 1); rank 2 raised RuntimeError and "
+         "exited first at 12:00:03 (exit code 1, no clean shutdown)", None),
+        (1, ExitReason("RuntimeError", "shard 7 is corrupt", oom_killed=True), "rank 2 raised "
+         "RuntimeError: shard 7 is corrupt and exited first at 12:00:03 (exit code 1, no clean "
          "shutdown)", None),
         (None, ExitReason(signal="SIGKILL", oom_killed=True), "rank 2 was killed by SIGKILL "
          "(the kernel's OOM killer) at 12:00:03, the first to exit,", None),

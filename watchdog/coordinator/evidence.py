@@ -7,6 +7,8 @@ carries says the same thing the verdict was decided on.
 from __future__ import annotations
 
 import functools
+import re
+import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -16,6 +18,7 @@ from watchdog.model import (
     WORLD_GROUP,
     ChildStack,
     CollectiveRef,
+    ExitReason,
     Frame,
     GroupProgress,
     JobSnapshot,
@@ -152,6 +155,34 @@ def _child_signs(child: ChildStack) -> list[str]:
     if child.moved:
         signs.append(f"{child_name(child)} running Python (its stack moving)")
     return signs
+
+
+# What torch's main process raises when one of its DataLoader workers died (dataloader.py, and
+# the SIGCHLD handler of libtorch_python).
+_DEAD_WORKER = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d{1,10})[\d, ]*\) "
+                          r"(?:is killed by signal: ([\w ]{1,40})"
+                          r"|exited unexpectedly(?: with exit code (-?\d{1,4}))?)")
+_SIGNAL_NAMES = {signal.strsignal(s) or s.name: s.name for s in signal.Signals}
+
+
+@dataclass(frozen=True)
+class DeadWorker:
+    """A DataLoader worker whose death a rank's exception tells of."""
+
+    pid: int
+    signal: str  # e.g. SIGKILL; "" where it exited
+    exit_code: int | None
+    oom_killed: bool  # the OOM killer killed a process of the rank's cgroup meanwhile
+
+
+def dead_worker(reason: ExitReason | None) -> DeadWorker | None:
+    """The DataLoader worker that the exception a rank raised says died, if it says so."""
+    found = _DEAD_WORKER.search(reason.message) if reason and reason.exception else None
+    if reason is None or found is None:
+        return None
+    pid, killed_by, code = found.groups()
+    name = _SIGNAL_NAMES.get(killed_by.strip(), killed_by.strip()) if killed_by else ""
+    return DeadWorker(int(pid), name, None if code is None else int(code), reason.oom_killed)
 
 
 def child_name(child: ChildStack) -> str:

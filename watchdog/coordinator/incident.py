@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watchdog.coordinator.evidence import (
+    dead_worker,
     finished_cleanly,
     frame_site,
     furthest_entered,
@@ -22,6 +23,7 @@ from watchdog.coordinator.evidence import (
 from watchdog.coordinator.findings import Finding
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (
+    DATALOADER_WORKER,
     ChildStack,
     ExitReason,
     Frame,
@@ -153,7 +155,7 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "last_collective": _last_collective(rank),
         "setup": rank.setup or None,
         "stack": _frames_json(stack.frames),
-        "children": [_child_row(child) for child in stack.children],
+        "children": [_child_row(child) for child in stack.children] + _dead_children(rank),
         "nccl_log": list(stack.nccl_log),
         "nccl_findings": _findings(stack.nccl_log),
         "worker_log": list(stack.worker_log),
@@ -172,6 +174,19 @@ def _child_row(child: ChildStack) -> dict[str, Any]:
     return {"pid": child.pid, "role": child.role or None, "worker_id": child.worker_id,
             "state": child.state, "stack": _frames_json(child.frames), "error": child.error,
             "moved": child.moved, "cpu": child.cpu, "exit_code": None, "exit_reason": None}
+
+
+def _dead_children(rank: RankState) -> list[dict[str, Any]]:
+    """The DataLoader worker whose death the rank's exception tells of, as a child row."""
+    dead = dead_worker(rank.exit_reason)
+    if dead is None:
+        return []
+    reason: dict[str, Any] | None = None
+    if dead.signal:
+        reason = {"signal": dead.signal, **({"oom_killed": True} if dead.oom_killed else {})}
+    return [{"pid": dead.pid, "role": DATALOADER_WORKER, "worker_id": None, "state": "",
+             "stack": [], "error": "", "moved": False, "cpu": 0.0, "exit_code": dead.exit_code,
+             "exit_reason": reason}]
 
 
 def _frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from watchdog.coordinator.evidence import (
+    DeadWorker,
     StallView,
     child_name,
     collective_frame,
+    dead_worker,
     frame_site,
     stuck_child,
     stuck_frame,
@@ -97,6 +99,12 @@ def exit_text(rank: RankState) -> str:
     reason, at = rank.exit_reason, clock(rank.exited_at or 0.0)
     code = "killed/unknown exit code" if rank.exit_code is None else f"exit code {rank.exit_code}"
     how = f"({code}, {'clean shutdown' if rank.clean_exit else 'no clean shutdown'})"
+    dead = dead_worker(reason)
+    if reason is not None and dead is not None:
+        frame = stuck_frame(reason.frames)
+        where = f" at {frame_site(frame)}" if frame is not None else ""
+        return (f"rank {rank.rank}'s {dead_worker_text(dead)}; rank {rank.rank} raised "
+                f"{reason.exception}{where} and exited first at {at} {how}")
     if reason is not None and reason.exception:
         message = reason.message.strip().split("\n", 1)[0]
         if len(message) > MESSAGE_CHARS:
@@ -109,6 +117,19 @@ def exit_text(rank: RankState) -> str:
         killer = " (the kernel's OOM killer)" if reason.oom_killed else ""
         return f"rank {rank.rank} was killed by {reason.signal}{killer} at {at}, the first to exit,"
     return f"rank {rank.rank} exited first at {at} {how}"
+
+
+def dead_worker_text(dead: DeadWorker) -> str:
+    """'DataLoader worker (pid 4242) was killed by SIGKILL (the kernel's OOM killer)',
+    'DataLoader worker (pid 4242) died (exit code 1)'. The OOM killer is named where the rank's
+    memory cgroup counted a kill while it ran."""
+    if dead.signal:
+        killer = " (the kernel's OOM killer)" if dead.oom_killed else ""
+        return f"DataLoader worker (pid {dead.pid}) was killed by {dead.signal}{killer}"
+    code = "" if dead.exit_code is None else f" (exit code {dead.exit_code})"
+    oom = ", the kernel's OOM killer killed a process of its memory cgroup" if (
+        dead.oom_killed) else ""
+    return f"DataLoader worker (pid {dead.pid}) died{code}{oom}"
 
 
 def exit_advice(rank: RankState) -> Advice | None:
