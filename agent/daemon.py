@@ -180,8 +180,9 @@ class Agent:
                 refused.append(RankStack(rank, worker.identity.pid,
                                          error="not attaching: it has exited"))
         started = time.monotonic()
-        stacks = await dump_stacks([(w.identity.rank, w.identity.pid) for w in targets],
-                                   self.native, samples)
+        stacks = await dump_stacks(
+            [(w.identity.rank, w.identity.pid, w.owner.uid if w.owner else None)
+             for w in targets], self.native, samples)
         if targets:
             metrics.STACK_SECONDS.observe(time.monotonic() - started)
             metrics.STACK_FAILURES.inc(sum(1 for stack in stacks if stack.error))

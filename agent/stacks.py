@@ -21,18 +21,21 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent import procfs
+from agent import children, procfs
 from watchdog.errors import PtraceDeniedError, PySpyMissingError
-from watchdog.model import Frame, RankStack
+from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack
+from watchdog.transport.wire import MAX_CHILD_FRAMES
 
 log = logging.getLogger(__name__)
 
 DUMP_TIMEOUT_S = 5.0
 NATIVE_TIMEOUT_S = 3.0
 SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
+MAX_ERROR_CHARS = 512  # of a child's dump failure (the wire takes 4096 at most)
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -52,26 +55,36 @@ async def dump_stack(rank: int, pid: int, native: bool = False) -> RankStack:
     before = procfs.read_stat(pid)
     if before is None or before.gone:
         return RankStack(rank, pid, error=f"process {pid} has exited")
+    thread, error = await _dump_main_thread(pid, before.stopped, native)
+    if thread is None:
+        return RankStack(rank, pid, error=error, was_stopped=before.stopped)
+    return RankStack(rank, pid, frames=_frames(thread), was_stopped=before.stopped)
+
+
+async def _dump_main_thread(pid: int, stopped: bool, native: bool = False,
+                            with_locals: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """py-spy's JSON of the main thread of `pid`, or None and why not. `stopped`: someone else
+    had stopped it, so it is dumped without blocking."""
     try:
         py_spy = find_py_spy()
     except PySpyMissingError as e:
-        return RankStack(rank, pid, error=str(e), was_stopped=before.stopped)
-    modes = [["--nonblocking"]] if before.stopped else [[], ["--nonblocking"]]
-    if native and not before.stopped:
+        return None, str(e)
+    modes = [["--nonblocking"]] if stopped else [[], ["--nonblocking"]]
+    if native and not stopped:
         modes.insert(0, ["--native"])
     error = ""
     for extra in modes:
         timeout = NATIVE_TIMEOUT_S if "--native" in extra else DUMP_TIMEOUT_S
+        argv = [py_spy, "dump", "--json", "--pid", str(pid), *extra]
         try:
-            out = await _run_py_spy([py_spy, "dump", "--json", "--pid", str(pid), *extra], timeout)
-            frames = main_thread_frames(json.loads(out), pid)
-            return RankStack(rank, pid, frames=frames, was_stopped=before.stopped)
+            out = await _run_py_spy([*argv, "--locals"] if with_locals else argv, timeout)
+            return main_thread(json.loads(out), pid), ""
         except (OSError, ValueError, TimeoutError) as e:
             error = _explain_failure(str(e))
             log.warning("py-spy dump of pid %d %s failed: %s", pid, extra or "", error)
         finally:
-            _resume_if_we_stopped(pid, before.stopped)
-    return RankStack(rank, pid, error=error, was_stopped=before.stopped)
+            _resume_if_we_stopped(pid, stopped)
+    return None, error
 
 
 async def _run_py_spy(argv: list[str], timeout: float) -> str:
@@ -107,6 +120,11 @@ def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
 
 def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
     """Frames of the main thread in py-spy's JSON, innermost first."""
+    return _frames(main_thread(dump, pid))
+
+
+def main_thread(dump: Any, pid: int) -> dict[str, Any]:
+    """The main thread's object in py-spy's JSON; ValueError where there is none."""
     if not isinstance(dump, list):
         raise ValueError("py-spy JSON is not a list of threads")
     threads = [t for t in dump if isinstance(t, dict)]
@@ -114,23 +132,34 @@ def main_thread_frames(dump: Any, pid: int) -> tuple[Frame, ...]:
     main = main or next((t for t in threads if t.get("os_thread_id") == pid), None)
     if main is None:
         raise ValueError("py-spy found no main thread")
+    return main
+
+
+def _frames(thread: dict[str, Any]) -> tuple[Frame, ...]:
     return tuple(Frame(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line", 0)))
-                 for f in main.get("frames", []) if isinstance(f, dict))
+                 for f in _raw_frames(thread))
+
+
+def _raw_frames(thread: dict[str, Any]) -> list[dict[str, Any]]:
+    frames = thread.get("frames")
+    return [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
 
 
 async def sample_stack(rank: int, pid: int, native_turns: asyncio.Semaphore | None = None,
-                       samples: int = 1) -> RankStack:
+                       samples: int = 1, uid: int | None = None) -> RankStack:
     """`samples` stacks of `pid` spread over SAMPLE_SPREAD_S: the last one, and whether the
     innermost Python frame moved between them (a rank running Python, however slowly, is not
-    hung). Only the last is taken with native frames, when given `native_turns`."""
+    hung). Only the last is taken with native frames, when given `native_turns`. Given the
+    rank's `uid`, the stacks of the children it waits on (agent.children) come too, sampled
+    alongside the rank's own from the first stack that shows the wait."""
     taken: list[RankStack] = []
     stack = RankStack(rank, pid)
+    kids: asyncio.Task[tuple[ChildStack, ...]] | None = None
     loop = asyncio.get_running_loop()
     start = loop.time()
     for index in range(samples):
         if index:  # on a schedule from the first: slow dumps do not stretch the spread
-            due = start + SAMPLE_SPREAD_S * index / (samples - 1)
-            await asyncio.sleep(max(0.0, due - loop.time()))
+            await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
         if native_turns is not None and index == samples - 1:
             async with native_turns:  # see the module's docstring
                 stack = await dump_stack(rank, pid, native=True)
@@ -138,23 +167,72 @@ async def sample_stack(rank: int, pid: int, native_turns: asyncio.Semaphore | No
             stack = await dump_stack(rank, pid)
         if stack.frames:
             taken.append(stack)
+            if kids is None and uid is not None and children.waits_on_child(stack.frames):
+                kids = asyncio.create_task(sample_children(pid, uid, samples - index))
     if not taken:
         return stack
-    return replace(taken[-1], samples=len(taken), moved=moved(taken))
+    return replace(taken[-1], samples=len(taken), moved=moved([s.frames for s in taken]),
+                   children=await kids if kids is not None else ())
 
 
-def moved(stacks: list[RankStack]) -> bool:
+def _due(start: float, index: int, samples: int) -> float:
+    return start + SAMPLE_SPREAD_S * index / (samples - 1)
+
+
+def moved(stacks: Sequence[Sequence[Frame]]) -> bool:
     """Whether the innermost Python frame (function, file and line) differs between stacks of
     one process; native frames differ from one look to the next anyway."""
-    tops = {next(((f.function, f.file, f.line) for f in s.frames if not f.native), None)
+    tops = {next(((f.function, f.file, f.line) for f in s if not f.native), None)
             for s in stacks}
     return len(tops) > 1
 
 
-async def dump_stacks(targets: list[tuple[int, int]], native: bool = False,
+async def sample_children(pid: int, uid: int, samples: int) -> tuple[ChildStack, ...]:
+    """The stacks of the children of `pid` that run as `uid` (agent.children), each sampled
+    `samples` times as a rank is; a child gone in the meantime is left out."""
+    pids = await asyncio.to_thread(children.child_pids, pid, uid)
+    sampled = await asyncio.gather(*(sample_child(child, samples) for child in pids))
+    return tuple(child for child in sampled if child is not None)
+
+
+async def sample_child(pid: int, samples: int) -> ChildStack | None:
+    """One child's last stack, whether its innermost frame moved, the CPU it used meanwhile
+    and, for a DataLoader worker, its worker_id (from the last dump's locals); None once it
+    is gone, or is no longer the process it was (a reused pid)."""
+    loop = asyncio.get_running_loop()
+    start, first = loop.time(), procfs.read_stat(pid)
+    if first is None or first.gone:
+        return None
+    stacks: list[tuple[Frame, ...]] = []
+    thread, error, state = None, "", first.state
+    for index in range(samples):
+        if index:
+            await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
+        stat = procfs.read_stat(pid)
+        if stat is None or stat.gone or stat.start_ticks != first.start_ticks:
+            return None
+        state = stat.state
+        dumped, error = await _dump_main_thread(pid, stat.stopped,
+                                                with_locals=index == samples - 1)
+        if dumped is not None:
+            thread = dumped
+            stacks.append(children.own_frames(_frames(dumped))[:MAX_CHILD_FRAMES])
+    last = procfs.read_stat(pid)
+    if last is None or last.gone or last.start_ticks != first.start_ticks:
+        return None
+    frames = stacks[-1] if stacks else ()
+    worker = children.is_dataloader_worker(frames)
+    return ChildStack(
+        pid, role=DATALOADER_WORKER if worker else "",
+        worker_id=children.worker_id(_raw_frames(thread)) if worker and thread else None,
+        state=state, frames=frames, error="" if stacks else error[:MAX_ERROR_CHARS],
+        moved=moved(stacks), cpu=children.cpu_cores(first, last, loop.time() - start))
+
+
+async def dump_stacks(targets: list[tuple[int, int, int | None]], native: bool = False,
                       samples: int = 1) -> list[RankStack]:
-    """Stacks of (rank, pid) targets, all at once; with `native`, their native dumps one a CPU
-    at a time."""
+    """Stacks of (rank, pid, uid) targets, all at once; with `native`, their native dumps one a
+    CPU at a time. Given its uid, a rank's children come along where it waits on them."""
     turns = asyncio.Semaphore(len(os.sched_getaffinity(0))) if native else None
-    return list(await asyncio.gather(*(sample_stack(rank, pid, turns, samples)
-                                       for rank, pid in targets)))
+    return list(await asyncio.gather(*(sample_stack(rank, pid, turns, samples, uid)
+                                       for rank, pid, uid in targets)))

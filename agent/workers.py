@@ -223,15 +223,16 @@ class WorkerTable:
 
     def _learn_exit(self, worker: Worker) -> None:
         """How an exited worker ended, from what the observer saw since: its exit status, and
-        whether the OOM killer killed it (its record, or its cgroup's count gone up)."""
+        whether the OOM killer killed it (its record, or its cgroup's count gone up). A count
+        gone up also tells of a rank that raised because the OOM killer killed its DataLoader
+        worker, a process of its cgroup: its exception then carries oom_killed."""
         pid = worker.identity.pid
         event = self._exit_event(worker)
         if event is not None:
             worker.exit_status = event[0]
-        killed = worker.exit_status is not None and exits.signal_name(worker.exit_status)
         if self.exits.oom_killed(pid, since=worker.identity.created_at):
             worker.oom_killed = True
-        elif killed and worker.oom_counter and worker.oom_kills is not None:
+        elif worker.oom_counter and worker.oom_kills is not None:
             now_kills = exits.oom_kills(worker.oom_counter)
             worker.oom_killed = now_kills is not None and now_kills > worker.oom_kills
 
@@ -343,16 +344,18 @@ def rank_state(worker: Worker, now: float, gpu: Mapping[int, float] | None = Non
         phase_timeout=snap.phase_timeout,
         exit_code=snap.exit_code if hook_saw_exit else base.exit_code,
         clean_exit=snap.exit_state == beacon.EXIT_CLEAN,
-        exit_reason=_raised(snap.raised) if hook_saw_exit and snap.raised else base.exit_reason,
+        exit_reason=_raised(snap.raised, worker.oom_killed) if hook_saw_exit and snap.raised
+        else base.exit_reason,
         setup=setup.call, setup_age=_age(now, setup.entered_at) if setup.call else None,
         rendezvous=setup.rendezvous,
         evidence=check_evidence(snap.checks, _new_fingerprints(worker, snap.checks)))
 
 
-def _raised(raised: beacon.RaisedException) -> ExitReason:
+def _raised(raised: beacon.RaisedException, oom_killed: bool) -> ExitReason:
     return ExitReason(exception=raised.type, message=raised.message,
                       frames=tuple(Frame(function, file, line)
-                                   for function, file, line in raised.frames))
+                                   for function, file, line in raised.frames),
+                      oom_killed=oom_killed)
 
 
 def _killed(worker: Worker) -> ExitReason | None:

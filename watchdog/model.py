@@ -181,7 +181,27 @@ class ExitReason:
     message: str = ""
     frames: tuple[Frame, ...] = ()
     signal: str = ""  # e.g. SIGKILL
-    oom_killed: bool = False  # the kernel's OOM killer sent that signal
+    # The kernel's OOM killer sent that signal; with an exception: it killed a process of the
+    # rank's memory cgroup meanwhile (its DataLoader worker, where the exception names one).
+    oom_killed: bool = False
+
+
+@dataclass(frozen=True)
+class ChildStack:
+    """A child process of a rank whose main thread waits on it (a DataLoader worker above all):
+    its main thread's stack, innermost first, and what shows whether it works."""
+
+    pid: int
+    role: str = ""  # DATALOADER_WORKER, or "" for another child process
+    worker_id: int | None = None  # a DataLoader worker's, where py-spy read it
+    state: str = ""  # its /proc state letter when sampled
+    frames: tuple[Frame, ...] = ()
+    error: str = ""  # why no stack could be taken
+    moved: bool = False  # its innermost Python frame differed between samples
+    cpu: float = 0.0  # cores it used while it was sampled
+
+
+DATALOADER_WORKER = "dataloader_worker"
 
 
 @dataclass(frozen=True)
@@ -197,6 +217,7 @@ class RankStack:
     worker_log: tuple[str, ...] = ()  # ...and of the files its stdout and stderr go to
     samples: int = 1  # stacks taken, spread over about a second; `frames` is the last one
     moved: bool = False  # their innermost Python frames differed: the rank runs Python
+    children: tuple[ChildStack, ...] = ()  # the child processes its main thread waits on
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import pytest
 from agent import activity, procfs
 from agent.gpu import GpuSampler
 from agent.stacks import moved
-from watchdog.model import NO_ACTIVITY, Activity, Frame, RankStack
+from watchdog.model import NO_ACTIVITY, Activity, Frame
 
 
 def reading(at: float, main: float, process: float, io: tuple[int, int] | None) -> activity.Reading:
@@ -78,9 +78,9 @@ def test_without_a_gpu_there_is_no_gpu_evidence_and_no_error(
     assert sampler.utilization() == {}
 
 
-def stack_at(line: int, native: bool = False) -> RankStack:
+def stack_at(line: int, native: bool = False) -> tuple[Frame, ...]:
     frames = (Frame("spin", "/home/ml/train.py", line), Frame("main", "/home/ml/train.py", 9))
-    return RankStack(0, 1, ((Frame("futex_wait", "libc.so.6", 0),) if native else ()) + frames)
+    return ((Frame("futex_wait", "libc.so.6", 0),) if native else ()) + frames
 
 
 def test_a_stack_moved_when_its_innermost_python_frame_differs() -> None:

@@ -13,7 +13,9 @@ from test_verdict import (
     BARRIER,
     DATA_STALL,
     DDP_BACKWARD,
+    IDLE_WORKER,
     SITE,
+    STUCK_WORKER,
     T0,
     data_pipeline,
     done,
@@ -22,6 +24,7 @@ from test_verdict import (
     rank,
     snapshot,
     utc,  # noqa: F401 - the autouse fixture that pins local time to UTC applies here too
+    with_children,
 )
 
 from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
@@ -95,7 +98,7 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
         "last_collective": {"group": "0", "seq": 56, "op": "all_reduce", "completed": True},
         "setup": None,
         "stack": [{"function": f.function, "file": f.file, "line": f.line} for f in DATA_STALL],
-        "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
+        "children": [], "nccl_log": [NCCL_LINE], "worker_log": [TORCH_LINE], "exit_code": None,
         "exit_reason": None,
         "heartbeat_age": 0.2, "phase": "", "activity": None,
         "timeline": {"last_event_at": T0, "exited_at": None, "collectives": [
@@ -105,6 +108,33 @@ def test_rank_object_carries_state_progress_stack_and_log() -> None:
     assert rows[0]["state"] == "WAITING"
     assert rows[0]["last_collective"]["completed"] is False
     assert rows[0]["nccl_log"] == []
+
+
+def test_a_rank_row_carries_the_children_it_waits_on() -> None:
+    job = with_children(IDLE_WORKER, STUCK_WORKER)
+    verdict = decide(job)
+    assert verdict is not None
+    row = build_incident(job, verdict, "9c1e04d2b7aa", T0 + 45.25)["ranks"][1]
+    assert row["children"][1] == {
+        "pid": 5001, "role": "dataloader_worker", "worker_id": 1, "state": "S",
+        "stack": [{"function": f.function, "file": f.file, "line": f.line}
+                  for f in STUCK_WORKER.frames],
+        "error": "", "moved": False, "cpu": 0.0, "exit_code": None, "exit_reason": None,
+    }  # fmt: skip
+    assert row["children"][0]["worker_id"] == 0
+
+
+def test_a_rank_whose_dataloader_worker_was_killed_carries_it_as_a_dead_child() -> None:
+    killed = ExitReason("RuntimeError", "DataLoader worker (pid 4250) is killed by signal: "
+                        "Killed. ", oom_killed=True)
+    job = snapshot(dataclasses.replace(exited(rank(1, done(56, 2.6)), 3.0, 1, False),
+                                       exit_reason=killed),
+                   rank(0, entered(57, 3.1)), stalled=False)
+    (row,) = [r for r in rank_rows(job) if r["rank"] == 1]
+    assert row["children"] == [{
+        "pid": 4250, "role": "dataloader_worker", "worker_id": None, "state": "", "stack": [],
+        "error": "", "moved": False, "cpu": 0.0, "exit_code": None,
+        "exit_reason": {"signal": "SIGKILL", "oom_killed": True}}]
 
 
 def test_node_key_only_for_unreachable_nodes() -> None:

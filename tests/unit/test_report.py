@@ -11,11 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from test_incident import incident
-from test_verdict import DATA_STALL, DDP_BACKWARD, SITE
+from test_verdict import (
+    DATA_STALL,
+    DDP_BACKWARD,
+    IDLE_WORKER,
+    SITE,
+    STUCK_WORKER,
+    T0,
+    with_children,
+)
 
 from agent import Agent
 from watchdog.cli.embedded import RunOptions, _Run
+from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.verdict import decide
 from watchdog.model import Frame
 from watchdog.report import incident_html, job_page, jobs_page
 from watchdog.report.groups import group_ranks
@@ -120,6 +130,9 @@ def hostile_incident() -> dict[str, Any]:
                                  "text": HOSTILE, "line_no": 1, "ranks": [0]}]
         row["exit_reason"] = {"exception": {"type": HOSTILE, "message": HOSTILE}}
         row["activity"] = {HOSTILE: HOSTILE}
+        row["children"] = [{"pid": HOSTILE, "role": "dataloader_worker", "worker_id": HOSTILE,
+                            "state": HOSTILE, "cpu": HOSTILE, "stack": row["stack"]},
+                           {"pid": 7, "role": HOSTILE, "error": HOSTILE, "stack": HOSTILE}]
         row["timeline"]["collectives"][0].update(group=HOSTILE, op=HOSTILE)
     return record
 
@@ -133,6 +146,17 @@ def test_every_worker_string_is_escaped_on_every_page() -> None:
         assert SHOWN in page
         assert "\x1b" not in page
         assert all(tag != "script" for tag, _ in Elements(page).tags)
+
+
+def test_the_stuck_dataloader_worker_is_shown_under_its_rank() -> None:
+    job = with_children(IDLE_WORKER, STUCK_WORKER)
+    verdict = decide(job)
+    assert verdict is not None
+    page = incident_html(build_incident(job, verdict, "9c1e04d2b7aa", T0 + 45.25))
+    culprit = page[page.index("Culprit: rank 1"):]
+    title = "its DataLoader worker 1 (pid 5001, state S, 0% of a core): stack, innermost first"
+    assert title in culprit
+    assert culprit.index(title) < culprit.index("read_shard") < culprit.index("data.py:16")
 
 
 def test_the_page_fetches_nothing_and_runs_nothing() -> None:

@@ -21,6 +21,8 @@ from watchdog.beacon import MAX_LISTED_RANKS
 from watchdog.coordinator import evidence as _evidence
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
+    DATALOADER_WORKER,
+    ChildStack,
     CollectiveRef,
     ExitReason,
     Frame,
@@ -347,6 +349,51 @@ def test_summary_says_where_the_culprit_is_stuck_in_its_own_code() -> None:
     )
 
 
+WAITS_FOR_ITS_WORKER = (  # rank 1's DataLoader waits for the batch of its worker 1
+    Frame("_MultiProcessingDataLoaderIter._try_get_data",
+          f"{SITE}/torch/utils/data/dataloader.py", 1291),
+    Frame("main", TRAIN, 104),
+)
+IDLE_WORKER = ChildStack(5000, DATALOADER_WORKER, 0, "S", (
+    Frame("Queue.get", "/usr/lib/python3.11/multiprocessing/queues.py", 113),
+    Frame("_worker_loop", f"{SITE}/torch/utils/data/_utils/worker.py", 334)))
+STUCK_WORKER = ChildStack(5001, DATALOADER_WORKER, 1, "S", (
+    Frame("read_shard", "/home/ml/data.py", 16),
+    Frame("_worker_loop", f"{SITE}/torch/utils/data/_utils/worker.py", 374)))
+
+
+def with_children(*kids: ChildStack) -> JobSnapshot:
+    job = data_pipeline(stacks={0: DDP_BACKWARD, 1: WAITS_FOR_ITS_WORKER, 2: DDP_BACKWARD,
+                                3: DDP_BACKWARD})
+    job.stacks[1] = dataclasses.replace(job.stacks[1], children=kids)
+    return job
+
+
+def test_summary_names_the_dataloader_worker_a_rank_waits_for() -> None:
+    verdict = decide(with_children(IDLE_WORKER, STUCK_WORKER))
+    assert verdict is not None
+    assert verdict.summary.startswith(
+        "rank 1 (waits for its DataLoader worker 1 (pid 5001), stuck in read_shard at data.py:16)"
+        " never reached all_reduce #57")
+
+
+@pytest.mark.parametrize("worker", [dataclasses.replace(STUCK_WORKER, cpu=0.98),
+                                    dataclasses.replace(STUCK_WORKER, moved=True)])
+def test_a_working_dataloader_worker_is_its_ranks_progress(worker: ChildStack) -> None:
+    job = with_children(IDLE_WORKER, worker)
+    sign = _evidence.StallView.of(job).progress(1)
+    assert sign == ("its DataLoader worker 1 (pid 5001) using 98% of a core" if worker.cpu else
+                    "its DataLoader worker 1 (pid 5001) running Python (its stack moving)")
+    verdict = decide(job)
+    assert verdict is not None and "waits for its DataLoader worker" not in verdict.summary
+
+
+def test_a_rank_whose_workers_all_idle_is_stuck_in_its_own_code() -> None:
+    verdict = decide(with_children(IDLE_WORKER))
+    assert verdict is not None
+    assert verdict.summary.startswith("rank 1 (stuck in main at train.py:104) never reached")
+
+
 def test_trap_summary_shows_both_sides() -> None:
     verdict = decide(
         snapshot(
@@ -409,8 +456,18 @@ RAISED = ExitReason(
 @pytest.mark.parametrize(
     ("code", "reason", "expected", "category"),
     [
-        (1, RAISED, "rank 2 raised RuntimeError: DataLoader worker (pid 4242) is killed by "
-         "signal: Killed. at train.py:88 and exited first at 12:00:03 (exit code 1, no clean "
+        (1, RAISED, "rank 2's DataLoader worker (pid 4242) was killed by SIGKILL; rank 2 raised "
+         "RuntimeError at train.py:88 and exited first at 12:00:03 (exit code 1, no clean "
+         "shutdown)", None),
+        (1, dataclasses.replace(RAISED, oom_killed=True), "rank 2's DataLoader worker (pid "
+         "4242) was killed by SIGKILL (the kernel's OOM killer); rank 2 raised RuntimeError at "
+         "train.py:88 and exited first at 12:00:03 (exit code 1, no clean shutdown)", None),
+        (1, ExitReason("RuntimeError", "DataLoader worker (pid 77) exited unexpectedly with exit "
+                                       "code 1. Details are lost due to multiprocessing."),
+         "rank 2's DataLoader worker (pid 77) died (exit code 1); rank 2 raised RuntimeError and "
+         "exited first at 12:00:03 (exit code 1, no clean shutdown)", None),
+        (1, ExitReason("RuntimeError", "shard 7 is corrupt", oom_killed=True), "rank 2 raised "
+         "RuntimeError: shard 7 is corrupt and exited first at 12:00:03 (exit code 1, no clean "
          "shutdown)", None),
         (None, ExitReason(signal="SIGKILL", oom_killed=True), "rank 2 was killed by SIGKILL "
          "(the kernel's OOM killer) at 12:00:03, the first to exit,", None),

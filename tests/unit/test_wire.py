@@ -9,8 +9,10 @@ import pytest
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
+    DATALOADER_WORKER,
     Activity,
     CheckEvidence,
+    ChildStack,
     ExitReason,
     Fingerprint,
     Frame,
@@ -99,6 +101,40 @@ def test_stack_reply_round_trip() -> None:
 def test_malformed_rank_states_are_rejected(broken: RankState) -> None:
     with pytest.raises(MessageRejectedError):
         through_the_wire(NodeReport("node-a", 1.0, (broken,)))
+
+
+WORKER = ChildStack(4250, DATALOADER_WORKER, worker_id=1, state="S",
+                    frames=(Frame("read_record", "/home/ml/data.py", 16),), moved=False, cpu=0.98)
+
+
+def children_through_the_wire(*children: ChildStack) -> tuple[ChildStack, ...]:
+    stack = RankStack(1, 4243, (Frame("_try_get_data", "dataloader.py", 1291),), children=children)
+    raw = _wire.stacks_to_pb(StackReply(7, "node-a", (stack,))).SerializeToString()
+    reply = _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+    assert isinstance(reply, StackReply)
+    return reply.stacks[0].children
+
+
+def test_a_rank_stack_carries_its_children_through_the_wire() -> None:
+    other = ChildStack(4251, error="py-spy took longer than 5s")
+    assert children_through_the_wire(WORKER, other) == (WORKER, other)
+
+
+@pytest.mark.parametrize("broken", [
+    (WORKER,) * (_wire.MAX_CHILDREN + 1),
+    (replace(WORKER, pid=0),),
+    (replace(WORKER, pid=_wire.MAX_PID),),
+    (replace(WORKER, worker_id=_wire.MAX_WORKER_ID),),
+    (replace(WORKER, role="root_shell"),),
+    (replace(WORKER, state="\x1b"),),
+    (replace(WORKER, cpu=math.nan),),
+    (replace(WORKER, cpu=-1.0),),
+    (replace(WORKER, error="e" * (_wire.MAX_TEXT + 1)),),
+    (replace(WORKER, frames=(WORKER.frames[0],) * (_wire.MAX_CHILD_FRAMES + 1)),),
+])
+def test_children_out_of_bounds_are_rejected(broken: tuple[ChildStack, ...]) -> None:
+    with pytest.raises(MessageRejectedError):
+        children_through_the_wire(*broken)
 
 
 def test_too_many_frames_are_rejected() -> None:

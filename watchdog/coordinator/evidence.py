@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import functools
 import re
+import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
 from watchdog.model import (
+    DATALOADER_WORKER,
     WORLD_GROUP,
+    ChildStack,
     CollectiveRef,
+    ExitReason,
     Frame,
     GroupProgress,
     JobSnapshot,
@@ -166,7 +170,68 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
         signs.append(f"its GPU {work.gpu_util:.0f}% busy")
     if stack is not None and stack.moved:
         signs.append("its Python stack moving")
+    if stack is not None:
+        signs += [sign for child in stack.children for sign in _child_signs(child)]
     return ", ".join(signs)
+
+
+def _child_signs(child: ChildStack) -> list[str]:
+    """A child the rank waits on that works is the rank's progress: a busy DataLoader worker."""
+    signs = []
+    if child.cpu >= BUSY_PROCESS_CPU and child.state not in _STOPPED_STATES:
+        signs.append(f"{child_name(child)} using {child.cpu:.0%} of a core")
+    if child.moved:
+        signs.append(f"{child_name(child)} running Python (its stack moving)")
+    return signs
+
+
+# What torch's main process raises when one of its DataLoader workers died (dataloader.py, and
+# the SIGCHLD handler of libtorch_python).
+_DEAD_WORKER = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d{1,10})[\d, ]*\) "
+                          r"(?:is killed by signal: ([\w ]{1,40})"
+                          r"|exited unexpectedly(?: with exit code (-?\d{1,4}))?)")
+_SIGNAL_NAMES = {signal.strsignal(s) or s.name: s.name for s in signal.Signals}
+
+
+@dataclass(frozen=True)
+class DeadWorker:
+    """A DataLoader worker whose death a rank's exception tells of."""
+
+    pid: int
+    signal: str  # e.g. SIGKILL; "" where it exited
+    exit_code: int | None
+    oom_killed: bool  # the OOM killer killed a process of the rank's cgroup meanwhile
+
+
+def dead_worker(reason: ExitReason | None) -> DeadWorker | None:
+    """The DataLoader worker that the exception a rank raised says died, if it says so."""
+    found = _DEAD_WORKER.search(reason.message) if reason and reason.exception else None
+    if reason is None or found is None:
+        return None
+    pid, killed_by, code = found.groups()
+    name = _SIGNAL_NAMES.get(killed_by.strip(), killed_by.strip()) if killed_by else ""
+    return DeadWorker(int(pid), name, None if code is None else int(code), reason.oom_killed)
+
+
+def child_name(child: ChildStack) -> str:
+    """'its DataLoader worker 1 (pid 4242)', 'its child process 4242'."""
+    if child.role != DATALOADER_WORKER:
+        return f"its child process {child.pid}"
+    number = "" if child.worker_id is None else f" {child.worker_id}"
+    return f"its DataLoader worker{number} (pid {child.pid})"
+
+
+def stuck_child(stack: RankStack | None) -> tuple[ChildStack, Frame] | None:
+    """The child a rank waits on that is where it is stuck, and the frame it is stuck in: the
+    first that neither works nor was stopped and whose stack reaches the user's own code (an
+    idle DataLoader worker waits for its next batch in torch alone)."""
+    for child in stack.children if stack is not None else ():
+        if _child_signs(child) or child.state in _STOPPED_STATES:
+            continue
+        frame = stuck_frame(child.frames)
+        if frame is not None and not is_library_frame(frame):
+            return child, frame
+    return None
 
 
 def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watchdog.coordinator.evidence import (
+    dead_worker,
     finished_cleanly,
     frame_site,
     furthest_entered,
@@ -22,7 +23,10 @@ from watchdog.coordinator.evidence import (
 from watchdog.coordinator.findings import Finding
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (
+    DATALOADER_WORKER,
+    ChildStack,
     ExitReason,
+    Frame,
     JobSnapshot,
     Kind,
     RankStack,
@@ -150,8 +154,8 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
         "step": rank.steps,
         "last_collective": _last_collective(rank),
         "setup": rank.setup or None,
-        "stack": [{"function": f.function, "file": f.file, "line": f.line}
-                  for f in stack.frames],
+        "stack": _frames_json(stack.frames),
+        "children": [_child_row(child) for child in stack.children] + _dead_children(rank),
         "nccl_log": list(stack.nccl_log),
         "nccl_findings": _findings(stack.nccl_log),
         "worker_log": list(stack.worker_log),
@@ -165,14 +169,37 @@ def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int
     }
 
 
+def _child_row(child: ChildStack) -> dict[str, Any]:
+    """A child process the rank waits on, as docs/design.md's incident carries it."""
+    return {"pid": child.pid, "role": child.role or None, "worker_id": child.worker_id,
+            "state": child.state, "stack": _frames_json(child.frames), "error": child.error,
+            "moved": child.moved, "cpu": child.cpu, "exit_code": None, "exit_reason": None}
+
+
+def _dead_children(rank: RankState) -> list[dict[str, Any]]:
+    """The DataLoader worker whose death the rank's exception tells of, as a child row."""
+    dead = dead_worker(rank.exit_reason)
+    if dead is None:
+        return []
+    reason: dict[str, Any] | None = None
+    if dead.signal:
+        reason = {"signal": dead.signal, **({"oom_killed": True} if dead.oom_killed else {})}
+    return [{"pid": dead.pid, "role": DATALOADER_WORKER, "worker_id": None, "state": "",
+             "stack": [], "error": "", "moved": False, "cpu": 0.0, "exit_code": dead.exit_code,
+             "exit_reason": reason}]
+
+
+def _frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
+    return [{"function": f.function, "file": f.file, "line": f.line} for f in frames]
+
+
 def _exit_reason(reason: ExitReason | None) -> dict[str, Any] | None:
     """{"exception": {"type", "message", "frames"}} or {"signal": "SIGKILL"}; None: unknown."""
     if reason is None:
         return None
     if reason.exception:
-        frames = [{"function": f.function, "file": f.file, "line": f.line} for f in reason.frames]
         return {"exception": {"type": reason.exception, "message": reason.message,
-                              "frames": frames}}
+                              "frames": _frames_json(reason.frames)}}
     killed: dict[str, Any] = {"signal": reason.signal}
     if reason.oom_killed:
         killed["oom_killed"] = True

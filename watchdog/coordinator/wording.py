@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from watchdog.coordinator.evidence import StallView, collective_frame, frame_site, stuck_frame
+from watchdog.coordinator.evidence import (
+    DeadWorker,
+    StallView,
+    child_name,
+    collective_frame,
+    dead_worker,
+    frame_site,
+    stuck_child,
+    stuck_frame,
+)
 from watchdog.explain.scan import classify_line
 from watchdog.model import DDP_INIT_OP, WORLD_GROUP, Advice, CollectiveRef, ExitReason, RankState
 from watchdog.text import clock, ranks_text
@@ -30,11 +39,16 @@ def collective_text(ref: CollectiveRef) -> str:
 
 
 def culprits_text(job: StallView, ranks: Sequence[int]) -> str:
-    """'rank 1 (stuck in __getitem__ at train.py:42)': where the first rank with a stack is."""
+    """'rank 1 (stuck in __getitem__ at train.py:42)': where the first rank with a stack is;
+    'rank 3 (waits for its DataLoader worker 1 (pid 4242), stuck in read_shard at data.py:16)'
+    where that rank waits on a child that is stuck."""
     for rank in ranks:
         frame = stuck_frame(job.frames(rank))
         if frame is not None:
             whose = "" if len(ranks) == 1 else f"rank {rank} "
+            child = stuck_child(job.snapshot.stacks.get(rank))
+            if child is not None:
+                whose, frame = f"{whose}waits for {child_name(child[0])}, ", child[1]
             return f"{ranks_text(ranks)} ({whose}stuck in {frame.function} at {frame_site(frame)})"
     return ranks_text(ranks)
 
@@ -90,6 +104,12 @@ def exit_text(rank: RankState) -> str:
     reason, at = rank.exit_reason, clock(rank.exited_at or 0.0)
     code = "killed/unknown exit code" if rank.exit_code is None else f"exit code {rank.exit_code}"
     how = f"({code}, {'clean shutdown' if rank.clean_exit else 'no clean shutdown'})"
+    dead = dead_worker(reason)
+    if reason is not None and dead is not None:
+        frame = stuck_frame(reason.frames)
+        where = f" at {frame_site(frame)}" if frame is not None else ""
+        return (f"rank {rank.rank}'s {dead_worker_text(dead)}; rank {rank.rank} raised "
+                f"{reason.exception}{where} and exited first at {at} {how}")
     if reason is not None and reason.exception:
         return f"rank {rank.rank} raised {raised_text(reason)} and exited first at {at} {how}"
     if reason is not None and reason.signal:
@@ -115,6 +135,19 @@ def raised_text(reason: ExitReason) -> str:
     frame = stuck_frame(reason.frames)
     where = f" at {frame_site(frame)}" if frame is not None else ""
     return f"{reason.exception}: {message}{where}"
+
+
+def dead_worker_text(dead: DeadWorker) -> str:
+    """'DataLoader worker (pid 4242) was killed by SIGKILL (the kernel's OOM killer)',
+    'DataLoader worker (pid 4242) died (exit code 1)'. The OOM killer is named where the rank's
+    memory cgroup counted a kill while it ran."""
+    if dead.signal:
+        killer = " (the kernel's OOM killer)" if dead.oom_killed else ""
+        return f"DataLoader worker (pid {dead.pid}) was killed by {dead.signal}{killer}"
+    code = "" if dead.exit_code is None else f" (exit code {dead.exit_code})"
+    oom = ", the kernel's OOM killer killed a process of its memory cgroup" if (
+        dead.oom_killed) else ""
+    return f"DataLoader worker (pid {dead.pid}) died{code}{oom}"
 
 
 def exit_advice(rank: RankState) -> Advice | None:

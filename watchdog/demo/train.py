@@ -2,8 +2,8 @@
 
 `watchdog demo` runs it with a rank stuck in its data pipeline; the integration tests run every
 fault (tests/jobs/spawn_job.py runs it under torch.multiprocessing.spawn). Done right:
-DistributedSampler with set_epoch, DDP, num_workers=0, gloo on CPU. Each `--mistake` gets that
-setup wrong: the job never hangs, it just learns wrong.
+DistributedSampler with set_epoch, DDP, gloo on CPU (num_workers=0 unless --num-workers). Each
+`--mistake` gets that setup wrong: the job never hangs, it just learns wrong.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
           "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock", "init_stall",
-          "crash", "killed", "pre_ddp_stall")
+          "crash", "killed", "pre_ddp_stall", "worker_stall")
 EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
 # Setup mistakes that never hang: rank 0 loads other weights after wrapping; no
 # DistributedSampler; no DDP; no set_epoch; the model cast to float64 after wrapping.
 MISTAKES = ("load_after_ddp", "no_sampler", "no_ddp", "no_set_epoch", "cast_after_ddp")
 # Mistakes that raise on every rank alike, at one line: a DistributedSampler and shuffle=True.
 RAISING_MISTAKES = ("sampler_shuffle",)
+BATCH_SIZE = 4
 
 
 class Progress:
@@ -39,6 +40,8 @@ class Progress:
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    first_step = 0  # the step the current epoch starts at: each epoch's workers fork with it
+
     def __init__(self, size: int, stall_from_step: int | None) -> None:
         self.size = size
         self.stall_from_step = stall_from_step
@@ -55,6 +58,34 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 def read_sample_from_storage(index: int) -> None:
     """Stands for a read from a network filesystem that never returns."""
     announce("data_stall")
+    time.sleep(3600)
+
+
+class StallingWorkerSamples(Samples):
+    """worker_stall: DataLoader worker 1 blocks in read_record from the fault step on. Batches
+    go to the workers in turn, so a worker knows the step of each batch it makes; it runs
+    ahead of the training loop (prefetching), so it blocks, and says so, a little before the
+    loop reaches that step."""
+
+    def __init__(self, size: int, fault_step: int, batch_size: int) -> None:
+        super().__init__(size, None)
+        self.fault_step, self.batch_size, self.served = fault_step, batch_size, 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        info = get_worker_info()
+        if info is not None and info.id == 1:
+            batch = self.served // self.batch_size
+            self.served += 1
+            step = self.first_step + batch * info.num_workers + info.id
+            if step >= self.fault_step:
+                read_record(index, step)
+        return super().__getitem__(index)
+
+
+def read_record(index: int, step: int) -> None:
+    """Stands for a worker's read from a network filesystem that never returns."""
+    Progress.step = step  # this worker's own copy: the step its batch is for
+    announce("worker_stall")
     time.sleep(3600)
 
 
@@ -199,6 +230,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--slow-start", type=float, default=0.0, metavar="S",
                         help="every rank computes for S seconds before its first step, as a "
                              "compiling or warming-up job does")
+    parser.add_argument("--num-workers", type=int, default=0,
+                        help="DataLoader worker processes of each rank (worker_stall needs 2)")
     parser.add_argument("--restart-fault", choices=FAULTS, default=None,
                         help="the fault of the attempts torchrun restarts (default: --fault)")
     parser.add_argument("--restart-fault-rank", type=int, default=None)
@@ -288,9 +321,12 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=False)
     subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None
     stall = args.fault == "data_stall" and rank == args.fault_rank
-    dataset = Samples(64 * world, args.fault_step if stall else None)
+    dataset = (StallingWorkerSamples(64 * world, args.fault_step, BATCH_SIZE)
+               if args.fault == "worker_stall" and rank == args.fault_rank
+               else Samples(64 * world, args.fault_step if stall else None))
     sampler = None if "no_sampler" in args.mistake else DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=0)
+    loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler,
+                        num_workers=args.num_workers)
     if args.fault == "pre_ddp_stall" and rank == args.fault_rank:
         load_pretrained()
     if "sampler_shuffle" in args.mistake:
@@ -302,6 +338,7 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     while step < args.steps:
         if sampler is not None and "no_set_epoch" not in args.mistake:
             sampler.set_epoch(epoch)
+        dataset.first_step = step
         for x, y in loader:
             x, y = x.to(dtype), y.to(dtype)
             Progress.step = step

@@ -141,18 +141,39 @@ def culprit_sections(rows: Sequence[Mapping[str, Any]], culprits: Collection[int
                      + (f"<span>phase <b>{esc(row['phase'])}</b></span>" if row.get("phase")
                         else "") + "</div>")
         parts += [_exit_reason(row.get("exit_reason")), _activity(row.get("activity"))]
-        stack = [f for f in row.get("stack") or () if isinstance(f, Mapping)]
-        if stack:
-            parts.append("<h3>stack, innermost first</h3><table class=\"mono\">"
-                         + "".join(f"<tr><td>{esc(f.get('function', '?'))}</td>"
-                                   f"<td>{esc(f.get('file', '?'))}:{esc(f.get('line', '?'))}</td>"
-                                   "</tr>" for f in stack) + "</table>")
+        parts.append(_stack_html("stack, innermost first", row.get("stack")))
+        parts += [_child_html(child) for child in row.get("children") or ()
+                  if isinstance(child, Mapping)]
         for title, key in (("NCCL log", "nccl_log"), ("output", "worker_log")):
             lines = [str(line) for line in row.get(key) or ()]
             if lines:
                 parts.append(f"<h3>{title}, last relevant lines</h3><pre>"
                              + esc("\n".join(lines)) + "</pre>")
     return parts
+
+
+def _stack_html(title: str, stack: object) -> str:
+    frames = [f for f in stack or () if isinstance(f, Mapping)] if isinstance(stack, list) else []
+    if not frames:
+        return ""
+    return (f"<h3>{esc(title)}</h3><table class=\"mono\">"
+            + "".join(f"<tr><td>{esc(f.get('function', '?'))}</td>"
+                      f"<td>{esc(f.get('file', '?'))}:{esc(f.get('line', '?'))}</td></tr>"
+                      for f in frames) + "</table>")
+
+
+def _child_html(child: Mapping[str, Any]) -> str:
+    """A child process the rank waits on (a DataLoader worker): its stack under its rank's."""
+    worker = child.get("role") == "dataloader_worker"
+    number = child.get("worker_id")
+    name = (f"DataLoader worker{'' if number is None else f' {number}'}" if worker
+            else "child process")
+    cpu = child.get("cpu")
+    work = f", {cpu:.0%} of a core" if isinstance(cpu, int | float) else ""
+    title = f"its {name} (pid {child.get('pid')}, state {child.get('state') or '?'}{work})"
+    why = child.get("error") or "none taken"
+    return (_stack_html(f"{title}: stack, innermost first", child.get("stack"))
+            or f"<h3>{esc(title)}</h3><p class=\"muted\">no stack: {esc(why)}</p>")
 
 
 def findings_html(rows: Sequence[Mapping[str, Any]]) -> str:

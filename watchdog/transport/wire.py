@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     CHECK_KINDS,
+    DATALOADER_WORKER,
     NO_ACTIVITY,
     NO_EVIDENCE,
     Activity,
     CheckEvidence,
+    ChildStack,
     ExitReason,
     Fingerprint,
     Frame,
@@ -38,6 +40,13 @@ MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
 MAX_ATTEMPT = 1 << 20
+MAX_CHILDREN = 16  # child processes of one rank whose stacks come along (the agent keeps to it)
+MAX_CHILD_FRAMES = 128  # a DataLoader worker's stack is a dozen frames deep (the agent cuts)
+MAX_PID = 1 << 22  # the kernel's own limit (pid_max)
+MAX_WORKER_ID = 1 << 16
+MAX_CHILD_CPU = 4096.0  # cores
+CHILD_ROLES = frozenset({"", DATALOADER_WORKER})
+PROC_STATES = frozenset({"", *"RSDTtZXIWPK"})
 _SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
 MAX_FINGERPRINTS = 64
 FINGERPRINT_OF = frozenset({"parameters", "batch"})
@@ -247,20 +256,43 @@ def stacks_to_pb(reply: StackReply) -> pb.AgentMessage:
         request_id=reply.request_id, node=reply.node,
         stacks=[pb.RankStack(rank=s.rank, pid=s.pid, error=s.error, was_stopped=s.was_stopped,
                              frames=_frames_to_pb(s.frames), nccl_log=s.nccl_log,
-                             worker_log=s.worker_log, samples=s.samples, moved=s.moved)
+                             worker_log=s.worker_log, samples=s.samples, moved=s.moved,
+                             children=[_child_to_pb(c) for c in s.children])
                 for s in reply.stacks]))
+
+
+def _child_to_pb(c: ChildStack) -> pb.ChildStack:
+    return pb.ChildStack(pid=c.pid, role=c.role,
+                         worker_id=-1 if c.worker_id is None else c.worker_id, state=c.state,
+                         frames=_frames_to_pb(c.frames), error=c.error, moved=c.moved, cpu=c.cpu)
+
+
+def _child_from_pb(m: pb.ChildStack) -> ChildStack:
+    if not 0 < m.pid < MAX_PID or not -1 <= m.worker_id < MAX_WORKER_ID:
+        raise MessageRejectedError(f"child pid {m.pid} or worker id {m.worker_id} out of range")
+    if m.role not in CHILD_ROLES or m.state not in PROC_STATES:
+        raise MessageRejectedError(f"child role {m.role[:64]!r} or state {m.state[:8]!r} unknown")
+    if not 0.0 <= m.cpu <= MAX_CHILD_CPU:  # NaN fails this too
+        raise MessageRejectedError(f"child CPU {m.cpu} out of range")
+    return ChildStack(pid=m.pid, role=m.role, worker_id=None if m.worker_id < 0 else m.worker_id,
+                      state=m.state, frames=_frames_from_pb(m.frames, MAX_CHILD_FRAMES),
+                      error=_text(m.error, "child error"), moved=m.moved, cpu=m.cpu)
 
 
 def _stack_from_pb(m: pb.RankStack) -> RankStack:
     logs = len(m.nccl_log) + len(m.worker_log)
     if logs > MAX_LOG_LINES:
         raise MessageRejectedError(f"stack with {logs} log lines (at most {MAX_LOG_LINES})")
+    if len(m.children) > MAX_CHILDREN:
+        raise MessageRejectedError(f"stack with {len(m.children)} children (at most "
+                                   f"{MAX_CHILDREN})")
     frames = _frames_from_pb(m.frames, MAX_FRAMES)
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
                      nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),
                      worker_log=tuple(_text(line, "log line") for line in m.worker_log),
-                     samples=min(max(m.samples, 1), MAX_SAMPLES), moved=m.moved)
+                     samples=min(max(m.samples, 1), MAX_SAMPLES), moved=m.moved,
+                     children=tuple(_child_from_pb(c) for c in m.children))
 
 
 def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:

@@ -466,6 +466,54 @@ class Frame(_message.Message):
 Global___Frame: _TypeAlias = Frame  # noqa: Y015
 
 @_typing.final
+class ChildStack(_message.Message):
+    """A child process of a rank whose main thread waits on it (a DataLoader worker above all)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FRAMES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
+    CPU_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    role: _builtins.str
+    """"dataloader_worker", or empty for another child process"""
+    worker_id: _builtins.int
+    """a DataLoader worker's; -1 where unknown"""
+    state: _builtins.str
+    """its /proc state letter"""
+    error: _builtins.str
+    moved: _builtins.bool
+    """the innermost Python frame differed between samples"""
+    cpu: _builtins.float
+    """cores it used while it was sampled"""
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___Frame]: ...
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        role: _builtins.str = ...,
+        worker_id: _builtins.int = ...,
+        state: _builtins.str = ...,
+        frames: _abc.Iterable[Global___Frame] | None = ...,
+        error: _builtins.str = ...,
+        moved: _builtins.bool = ...,
+        cpu: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "error", b"error", "frames", b"frames", "moved", b"moved", "pid", b"pid", "role", b"role", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildStack: _TypeAlias = ChildStack  # noqa: Y015
+
+@_typing.final
 class RankStack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -478,6 +526,7 @@ class RankStack(_message.Message):
     WORKER_LOG_FIELD_NUMBER: _builtins.int
     SAMPLES_FIELD_NUMBER: _builtins.int
     MOVED_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     pid: _builtins.int
     error: _builtins.str
@@ -494,6 +543,10 @@ class RankStack(_message.Message):
     def worker_log(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Relevant lines of the files the rank's stdout and stderr go to (torchrun --tee/--redirects)."""
 
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildStack]:
+        """the child processes its main thread waits on"""
+
     def __init__(
         self,
         *,
@@ -506,10 +559,11 @@ class RankStack(_message.Message):
         worker_log: _abc.Iterable[_builtins.str] | None = ...,
         samples: _builtins.int = ...,
         moved: _builtins.bool = ...,
+        children: _abc.Iterable[Global___ChildStack] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "frames", b"frames", "moved", b"moved", "nccl_log", b"nccl_log", "pid", b"pid", "rank", b"rank", "samples", b"samples", "was_stopped", b"was_stopped", "worker_log", b"worker_log"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "error", b"error", "frames", b"frames", "moved", b"moved", "nccl_log", b"nccl_log", "pid", b"pid", "rank", b"rank", "samples", b"samples", "was_stopped", b"was_stopped", "worker_log", b"worker_log"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
