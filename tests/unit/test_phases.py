@@ -167,6 +167,8 @@ LOADING = (Frame("load_pretrained", "/home/ml/train.py", 140), Frame("main", "/h
 
 
 def test_before_the_first_step_the_job_is_looked_at_once_the_floor_passes() -> None:
+    """...when some ranks wait in a collective or a set-up call and others do not, even under a
+    fixed --stall-timeout shorter than the floor."""
     job = warming(*(joining(r) for r in range(3)), rank(3, steps=0, events=0))
     assert job.warming
     assert not job.early_look(T0 + POLICY.floor - 1)
@@ -181,24 +183,27 @@ def stacks(**frames: tuple[Frame, ...]) -> dict[int, RankStack]:
     return {int(r[1:]): RankStack(int(r[1:]), 4242, f) for r, f in frames.items()}
 
 
-def early(*states: RankState, taken: dict[int, RankStack]) -> tuple[Kind | None, bool]:
+def early(*states: RankState, taken: dict[int, RankStack]) -> tuple[bool, Kind | None, bool]:
+    """Whether the warming job is looked at once the floor passed, the verdict its stacks give,
+    and whether that verdict stands before the warm-up ends."""
     job = warming(*states)
-    snapshot = job.snapshot(T0 + POLICY.floor, taken, early=True)
+    looked = job.early_look(T0 + POLICY.floor)
+    snapshot = dataclasses.replace(job.snapshot(T0 + POLICY.floor, taken), stalled=True)
     verdict = decide(snapshot)
-    return (None if verdict is None else verdict.kind,
+    return (looked, None if verdict is None else verdict.kind,
             verdict is not None and early_verdict_stands(snapshot, verdict))
 
 
 def test_an_idle_rank_that_never_reached_init_process_group_is_named_at_the_floor() -> None:
     states = [*(joining(r) for r in range(3)), rank(3, steps=0, events=0, activity=IDLE)]
     taken = stacks(r0=IN_RENDEZVOUS, r1=IN_RENDEZVOUS, r2=IN_RENDEZVOUS, r3=PREPARING)
-    assert early(*states, taken=taken) == (Kind.MISSING_RANKS, True)
+    assert early(*states, taken=taken) == (True, Kind.MISSING_RANKS, True)
 
 
 def test_a_rank_that_works_before_joining_keeps_its_warm_up() -> None:
     states = [*(joining(r) for r in range(3)), rank(3, steps=0, events=0, activity=COMPUTING)]
     taken = stacks(r0=IN_RENDEZVOUS, r1=IN_RENDEZVOUS, r2=IN_RENDEZVOUS, r3=PREPARING)
-    assert early(*states, taken=taken) == (Kind.RANK_BUSY, False)
+    assert early(*states, taken=taken) == (True, Kind.RANK_BUSY, False)
 
 
 def test_a_rank_idle_before_ddp_while_the_others_wait_in_its_broadcast_is_named() -> None:
@@ -206,33 +211,34 @@ def test_a_rank_idle_before_ddp_while_the_others_wait_in_its_broadcast_is_named(
                for r in (0, 1, 3)]
     stuck = rank(2, done(0, 0.0), steps=0, events=1, activity=IDLE)
     taken = stacks(r0=IN_DDP_INIT, r1=IN_DDP_INIT, r2=LOADING, r3=IN_DDP_INIT)
-    assert early(*waiting, stuck, taken=taken) == (Kind.MISSING_RANKS, True)
+    assert early(*waiting, stuck, taken=taken) == (True, Kind.MISSING_RANKS, True)
 
 
 def test_every_rank_computing_before_its_first_step_is_left_alone() -> None:
     states = [rank(r, done(1, 0.0), steps=0, events=3, activity=COMPUTING) for r in range(4)]
     taken = stacks(r0=DATA_STALL, r1=DATA_STALL, r2=DATA_STALL, r3=DATA_STALL)
-    assert early(*states, taken=taken) == (None, False)
+    assert early(*states, taken=taken) == (False, None, False)  # no one waits
 
 
 def test_a_rank_not_seen_yet_or_without_a_stack_keeps_the_warm_up() -> None:
     joined = [joining(r) for r in range(3)]
     assert early(*joined, taken=stacks(r0=IN_RENDEZVOUS, r1=IN_RENDEZVOUS, r2=IN_RENDEZVOUS)
-                 ) == (Kind.MISSING_RANKS, False)  # rank 3 never reported: its node is late
+                 ) == (False, Kind.MISSING_RANKS, False)  # rank 3 never reported: its node is late
     idle = rank(3, steps=0, events=0, activity=IDLE)
-    assert early(*joined, idle, taken=stacks(r0=IN_RENDEZVOUS)) == (Kind.MISSING_RANKS, False)
+    assert early(*joined, idle, taken=stacks(r0=IN_RENDEZVOUS)) == (
+        True, Kind.MISSING_RANKS, False)
 
 
 def test_ranks_all_in_a_collective_before_the_first_step_keep_the_warm_up() -> None:
     states = [rank(r, entered(1, 5.0), steps=0, events=3, activity=IDLE) for r in range(4)]
     taken = stacks(r0=DDP_BACKWARD, r1=DDP_BACKWARD, r2=DDP_BACKWARD, r3=DDP_BACKWARD)
-    assert early(*states, taken=taken) == (Kind.ALL_IN_COLLECTIVE, False)
+    assert early(*states, taken=taken) == (False, Kind.ALL_IN_COLLECTIVE, False)
 
 
 def test_an_exit_stands_at_any_time() -> None:
     gone = dataclasses.replace(rank(1, steps=0, events=0), exited_at=T0 + 1, exit_code=1,
                                proc_state="")
-    assert early(rank(0, steps=0, events=0), gone, taken={}) == (Kind.RANK_EXITED, True)
+    assert early(rank(0, steps=0, events=0), gone, taken={})[1:] == (Kind.RANK_EXITED, True)
 
 
 def test_a_rank_that_exits_during_a_notices_hold_is_judged_at_once() -> None:
@@ -242,3 +248,11 @@ def test_a_rank_that_exits_during_a_notices_hold_is_judged_at_once() -> None:
     job.update("node-1", dataclasses.replace(rank(3, done(4, 0.0)), exited_at=T0 + 1,
                                              exit_code=3, clean_exit=True, proc_state=""))
     assert not job.held(T0 + 1.0)
+
+
+def test_an_early_look_waits_for_the_floor_even_under_a_shorter_fixed_timeout() -> None:
+    job = JobView("job", StallPolicy(fixed=3.0))
+    for state in (*(joining(r) for r in range(3)), rank(3, steps=0, events=0)):
+        job.update("node-0", state, received=T0)
+    job.observe(T0)
+    assert not job.early_look(T0 + 3.0) and job.early_look(T0 + POLICY.floor)

@@ -56,6 +56,7 @@ class JobView:
         self._hooked = 0
         self._exited = 0
         self._warming = 0  # hooked ranks that finished no step yet
+        self._waiting = 0  # live ranks inside a collective or a set-up call, by their hooks
         self._in_phase: set[int] = set()
         # rank -> the live processes (host, pid) that claimed it besides the one followed: a
         # duplicate RANK (the rendezvous then never completes)
@@ -111,6 +112,8 @@ class JobView:
         self._exited += sign * (not state.alive)
         self._warming += sign * (state.hooked and state.steps == 0
                                  and state.events < WARM_EVENTS)
+        self._waiting += sign * (state.alive and (bool(state.setup) or any(
+            progress.pending for progress in state.groups)))
         if state.phase and state.alive:
             if sign > 0:
                 self._in_phase.add(state.rank)
@@ -246,13 +249,16 @@ class JobView:
         return self.tracker.is_stalled(now, self.phase_grace(), self.hook_p99, self.warming)
 
     def early_look(self, now: float) -> bool:
-        """Quiet past the threshold the pace sets, but held back by the warm-up grace: the job
-        is looked at all the same, and judged only on evidence of a rank idle while its peers
-        wait in a collective (`startup.early_verdict_stands`): start-up is judged on evidence,
+        """Held back by the warm-up grace, but quiet past the floor (or the threshold the pace
+        sets, if longer) while some ranks wait in a collective or a set-up call and others do
+        not: the job is looked at all the same, and judged only on evidence of a rank idle
+        while its peers wait (`startup.early_verdict_stands`). Start-up is judged on evidence,
         not on the clock alone."""
-        quiet = self.tracker.stalled_for(now)
-        return (self.tracker.seen and not self.stalled(now)
-                and quiet >= self.tracker.evidence_threshold(self.phase_grace(), self.hook_p99))
+        alive = len(self.ranks) - self._exited
+        if not 0 < self._waiting < alive or not self.tracker.seen or self.stalled(now):
+            return False
+        evidence = self.tracker.evidence_threshold(self.phase_grace(), self.hook_p99)
+        return self.tracker.stalled_for(now) >= max(self.policy.floor, evidence)
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
                  unreachable_nodes: tuple[str, ...] = (), early: bool = False) -> JobSnapshot:
