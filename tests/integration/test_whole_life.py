@@ -1,7 +1,8 @@
 """A job's whole life under `watchdog run` at the settings a user gets by default: long phases
 (an evaluation on every rank, one rank's checkpoint, evaluations all along a job) are left
 alone, and a rank that stops after them is still named once the floor passes, not minutes later
-(real torchrun, gloo, py-spy)."""
+(real torchrun, gloo, py-spy). tests/integration/test_start_up.py has the other end of a life:
+a rank stuck before its first step; test_lightning.py the same life under PyTorch Lightning."""
 
 from __future__ import annotations
 
@@ -29,21 +30,21 @@ def assert_named_at_the_floor(run: Any, tmp_path: Path) -> list[dict[str, Any]]:
     return before
 
 
-def test_a_stall_after_an_evaluation_and_a_checkpoint_is_named_at_the_floor(
-        watch: Any, tmp_path: Path) -> None:
-    """Every rank evaluates for 30 s at step 40, rank 0 checkpoints for 30 s at step 55 while
-    the others wait in a barrier, then rank 1 blocks reading data."""
-    run = watch("--evaluate-every", "40", "--fault-seconds", "30", "--checkpoint-at", "55",
-                "--checkpoint-rank", "0", "--fault", "data_stall", "--fault-rank", "1",
-                "--fault-step", "70", watchdog_args=DEFAULTS)
-    before = assert_named_at_the_floor(run, tmp_path)
-    assert [(n["kind"], n["culprit_ranks"]) for n in before] == [("RANK_BUSY", [0])]
-
-
-def test_a_stall_after_the_third_evaluation_is_named_at_the_floor(
-        watch: Any, tmp_path: Path) -> None:
-    """Evaluations every 30 steps, each longer than the floor, then rank 1 blocks."""
-    run = watch("--evaluate-every", "30", "--fault-seconds", "15", "--fault", "data_stall",
-                "--fault-rank", "1", "--fault-step", "100", watchdog_args=DEFAULTS)
-    assert run.output.count("fault evaluation at step") == 3 * 4, run.output
+def test_a_stall_after_a_30_s_evaluation_is_named_at_the_floor(watch: Any,
+                                                                tmp_path: Path) -> None:
+    """Every rank evaluates for 30 s at step 40, then rank 1 blocks reading data at step 60."""
+    run = watch("--evaluate-every", "40", "--fault-seconds", "30", "--fault", "data_stall",
+                "--fault-rank", "1", "--fault-step", "60", watchdog_args=DEFAULTS)
     assert assert_named_at_the_floor(run, tmp_path) == []
+
+
+def test_a_stall_after_the_third_evaluation_and_a_checkpoint_is_named_at_the_floor(
+        watch: Any, tmp_path: Path) -> None:
+    """Evaluations every 30 steps and a checkpoint of rank 0 at step 45 while the others wait
+    in a barrier, each longer than the floor; then rank 1 blocks at step 100."""
+    run = watch("--evaluate-every", "30", "--fault-seconds", "12", "--checkpoint-at", "45",
+                "--checkpoint-rank", "0", "--fault", "data_stall", "--fault-rank", "1",
+                "--fault-step", "100", watchdog_args=DEFAULTS)
+    assert run.output.count("fault evaluation at step") == 3 * 4, run.output
+    notices = assert_named_at_the_floor(run, tmp_path)
+    assert [(n["kind"], n["culprit_ranks"]) for n in notices] == [("RANK_BUSY", [0])]
