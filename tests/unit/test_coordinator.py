@@ -111,7 +111,7 @@ def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: 
         hub.ingest(report("node-a", *busy), T0)
         hub.evaluate_all(T0)
         job = hub.jobs[JOB]
-        job.incident, job.incident_events = notice, job.events_total()  # said at T0 + 12
+        job.told(notice)  # said at T0 + 12
         await asyncio.gather(*hub.evaluate_all(T0 + 20.0))
         assert ended == [] and job.incident_open  # still busy
         moved = [dataclasses.replace(s, events=s.events + 1) for s in busy]
@@ -137,9 +137,8 @@ def test_a_hang_that_ends_is_not_a_notice_that_ended(tmp_path: Path) -> None:
         hub.ingest(report("node-a", *stuck), T0)
         hub.evaluate_all(T0)
         job = hub.jobs[JOB]
-        job.incident = {"id": "h1", "detected_at": T0 + 6.0, "kind": "ALL_IN_COLLECTIVE",
-                        "severity": "hang"}
-        job.incident_events = job.events_total()
+        job.told({"id": "h1", "detected_at": T0 + 6.0, "kind": "ALL_IN_COLLECTIVE",
+                  "severity": "hang"})
         hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 + 9)
         await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
 

@@ -256,3 +256,15 @@ def test_an_early_look_waits_for_the_floor_even_under_a_shorter_fixed_timeout() 
         job.update("node-0", state, received=T0)
     job.observe(T0)
     assert not job.early_look(T0 + 3.0) and job.early_look(T0 + POLICY.floor)
+
+
+def test_ranks_that_exit_after_a_hang_was_told_do_not_reopen_it() -> None:
+    """`--on-hang kill` ends the ranks: their last states (one without its beacon, events 0)
+    are the hang's end, not progress after which their exits would be judged anew."""
+    job = warming(*(rank(r, entered(5, 0.0), events=40) for r in range(4)))
+    job.told({"id": "h", "kind": "MISSING_RANKS", "severity": "hang"})
+    for r in range(4):
+        job.update("node-0", dataclasses.replace(rank(r, entered(5, 0.0), events=0 if r else 41),
+                                                 exited_at=T0 + 1, proc_state=""))
+        job.observe(T0 + 1)
+        assert job.hung

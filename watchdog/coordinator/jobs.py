@@ -70,6 +70,7 @@ class JobView:
         self._phase_gap = False
         self._phase_looked = 0.0
         self._held_exits = 0  # ranks exited when the current hold began
+        self._incident_exits = 0  # ...and when the open incident was told
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
@@ -177,8 +178,13 @@ class JobView:
               and now - self._phase_looked >= PHASE_LOOK_EVERY_S):
             self._phase_looked = now
             self._phase_gap = self._quiet_is_phase(quiet)
-        if self.incident_open and total != self.incident_events:
-            self.incident_events = -1  # progress resumed: the next stall is a new incident
+        # Progress resumed: the next stall is a new incident. Not once a rank exited after a
+        # hang was told: the job is ending (`--on-hang kill`'s own signals, say), and an exit's
+        # last beacon write, or a killed rank's state without one, moves the count too; the
+        # exits that hang caused are no new incident.
+        ending = self.hung and self._exited > self._incident_exits
+        if self.incident_open and total != self.incident_events and not ending:
+            self.incident_events = -1
 
     def _quiet_is_phase(self, quiet: float) -> bool:
         """Whether the job, quiet for `quiet` seconds, is in a phase rather than between two
@@ -216,6 +222,11 @@ class JobView:
     def expected(self, place: str) -> float:
         """How long a stall at `place` may last, from the stalls there that ended by themselves."""
         return LEARNED_MARGIN * self.learned.get(place, 0.0)
+
+    def told(self, incident: dict[str, Any]) -> None:
+        """`incident` was told (or found stored): it stays open until progress resumes."""
+        self.incident, self.incident_events = incident, self.events_total()
+        self._incident_exits = self._exited
 
     @property
     def incident_open(self) -> bool:

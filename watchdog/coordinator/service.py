@@ -386,7 +386,7 @@ class Coordinator:
         """Store the incident, then tell the listeners, once."""
         incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
         stored = await self.stored_twin(incident)
-        job.incident, job.incident_events = stored or incident, job.events_total()
+        job.told(stored or incident)
         job.hung_before = job.hung_before or is_hang(incident)
         if stored is not None:
             log.info("incident %s was stored before a restart; not repeating it", stored["id"])
