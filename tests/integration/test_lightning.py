@@ -27,10 +27,10 @@ def lightning_command(*job_args: str) -> list[str]:
 
 def test_a_rank_blocked_in_its_dataset_after_a_validation_is_named(
         watch: Any, tmp_path: Path) -> None:
-    """Every rank validates for 20 s at step 40, then rank 1 blocks in its dataset's
+    """Every rank validates for 15 s at step 40, then rank 1 blocks in its dataset's
     __getitem__; ranks 0, 2 and 3 wait in DDP's all-reduce."""
     run = watch(job=lightning_command("--fault-rank", "1", "--fault-step",
-                                      str(FAULT_STEP), "--val-seconds", "20"),
+                                      str(FAULT_STEP), "--val-seconds", "15"),
                 watchdog_args=DEFAULTS)
     assert run.returncode == EXIT_HANG_KILLED, run.output
     assert run.incident is not None, run.output
@@ -45,15 +45,6 @@ def test_a_rank_blocked_in_its_dataset_after_a_validation_is_named(
     assert run.stack_functions(1)[:2] == ["read_sample_from_storage",
                                            "Samples.__getitem__"]
     assert_called_at(FLOOR_S, run.incident["detected_at"], fault_time(run.output, "data_stall"))
-    assert stored(tmp_path) == [run.incident]  # the validation itself was left alone
+    # The validation itself, longer than the floor, was left alone: the hang is all there is.
+    assert stored(tmp_path) == [run.incident]
 
-
-def test_a_healthy_lightning_job_with_a_validation_is_left_alone(
-        watch: Any, tmp_path: Path) -> None:
-    """Every rank validates for 12 s at step 40: longer than the floor, and no hang."""
-    run = watch(job=lightning_command("--fault-rank", "-1", "--steps", "45",
-                                      "--val-seconds", "12"), watchdog_args=DEFAULTS)
-    assert run.returncode == 0, run.output
-    assert "finished 45 steps" in run.output
-    assert run.incident is None
-    assert stored(tmp_path) == []

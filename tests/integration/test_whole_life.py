@@ -40,11 +40,11 @@ def test_a_stall_after_a_30_s_evaluation_is_named_at_the_floor(watch: Any,
 
 def test_a_stall_after_the_third_evaluation_and_a_checkpoint_is_named_at_the_floor(
         watch: Any, tmp_path: Path) -> None:
-    """Evaluations every 30 steps and a checkpoint of rank 0 at step 45 while the others wait
-    in a barrier, each longer than the floor; then rank 1 blocks at step 100."""
-    run = watch("--evaluate-every", "30", "--fault-seconds", "12", "--checkpoint-at", "45",
+    """Evaluations every 25 steps and a checkpoint of rank 0 at step 40 while the others wait
+    in a barrier, each longer than the floor; then rank 1 blocks at step 80."""
+    run = watch("--evaluate-every", "25", "--fault-seconds", "11", "--checkpoint-at", "40",
                 "--checkpoint-rank", "0", "--fault", "data_stall", "--fault-rank", "1",
-                "--fault-step", "100", watchdog_args=DEFAULTS)
+                "--fault-step", "80", watchdog_args=DEFAULTS)
     assert run.output.count("fault evaluation at step") == 3 * 4, run.output
     notices = assert_named_at_the_floor(run, tmp_path)
     assert [(n["kind"], n["culprit_ranks"]) for n in notices] == [("RANK_BUSY", [0])]
