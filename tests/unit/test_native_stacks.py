@@ -42,6 +42,14 @@ DCP_WRITE = (  # torch.distributed.checkpoint.save writing its shard: a phase, n
           "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/filesystem.py", 712),
     Frame("save_checkpoint", "/home/ml/train.py", 58),
 )
+EVALUATING = (  # an evaluation's DDP forward, sampled in the Python DDP calls on every forward
+    Frame("notify_join_context",
+          "/venv/lib/python3.11/site-packages/torch/distributed/algorithms/join.py", 287),
+    Frame("_pre_forward", "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py",
+          1554),
+    Frame("forward", "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", 1657),
+    Frame("evaluate_for", "/home/ml/train.py", 128),
+)
 
 
 def dump(name: str) -> tuple[Frame, ...]:
@@ -97,7 +105,8 @@ def test_a_rank_in_ddps_constructor_waits_in_torch_distributed(name: str, functi
 def test_a_rank_in_its_own_code_is_not_waiting_whatever_called_it() -> None:
     """Under DDP's forward, in a DataLoader, or before DDP: user frames are innermost. A
     distributed checkpoint writing its files waits for no one either."""
-    for stack in (dump("pre_ddp_rank2"), FORWARD_LOOP, DATA_STALL, WORKER_QUEUE, DCP_WRITE):
+    for stack in (dump("pre_ddp_rank2"), FORWARD_LOOP, DATA_STALL, WORKER_QUEUE, DCP_WRITE,
+                  EVALUATING):
         assert distributed_frame(stack) is None and collective_frame(stack) is None
     stuck = stuck_frame(dump("pre_ddp_rank2"))
     assert stuck is not None and (stuck.function, stuck.file) == (

@@ -59,8 +59,10 @@ BUSY_IO_RATE = 64 * 1024  # bytes/s read or written
 _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
 # Any module of torch.distributed but its checkpointing, which writes and plans in its own
 # frames (a long save is a phase, not a wait) and waits through distributed_c10d.py, which the
-# collective rule sees.
-_TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\](?!checkpoint[/\\])")
+# collective rule sees; and its algorithms, which DDP's every forward passes through in Python
+# (`Join.notify_join_context`: an evaluation sampled there is working, not waiting).
+_TORCH_DISTRIBUTED = re.compile(
+    r"[/\\]torch[/\\]distributed[/\\](?!checkpoint[/\\]|algorithms[/\\])")
 
 
 def is_library_frame(frame: Frame) -> bool:
