@@ -37,6 +37,7 @@ MAX_BACKOFF_S = 10.0
 # The stream is down when it took no report for this many intervals (and at least this long).
 STREAM_STALE_INTERVALS = 3
 STREAM_STALE_MIN_S = 5.0
+SLOW_SCAN_S = 5.0  # a scan this long is said: its report is as late
 
 
 class Agent:
@@ -99,7 +100,11 @@ class Agent:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             try:
+                started = time.monotonic()
                 self._offer(await asyncio.to_thread(self.scan))
+                took = time.monotonic() - started
+                if took > SLOW_SCAN_S:  # the coordinator may take this node for lost
+                    log.warning("a scan took %.1f s: this node's report was that late", took)
             except Exception:  # a loop that must not die: log and go on
                 log.exception("scan failed")
             with contextlib.suppress(TimeoutError):

@@ -15,7 +15,8 @@ import pytest
 from test_verdict import JOB, T0, done, entered, raised, rank
 
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, service
-from watchdog.coordinator.service import MAX_JOBS, NODE_TIMEOUT_S
+from watchdog.coordinator.hearing import NODE_TIMEOUT_S
+from watchdog.coordinator.service import MAX_JOBS
 from watchdog.model import NodeReport, RankState
 
 
@@ -33,11 +34,11 @@ def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
     for second in range(5):  # one report a second
         hub.ingest(report("node-a", rank(0)), T0 + second)
     last = T0 + 4
-    assert hub.node_silence("node-a", last + 2.9) == (False, False)
-    assert hub.node_silence("node-a", last + 3.1) == (True, False)
-    assert hub.node_silence("node-a", last + NODE_TIMEOUT_S + 0.1) == (True, True)
+    assert hub.hearing.silence("node-a", last + 2.9) == (False, False)
+    assert hub.hearing.silence("node-a", last + 3.1) == (True, False)
+    assert hub.hearing.silence("node-a", last + NODE_TIMEOUT_S + 0.1) == (True, True)
     hub.ingest(report("node-a", rank(0)), last + NODE_TIMEOUT_S + 1)
-    assert hub.node_silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
+    assert hub.hearing.silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
 
 
 def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
@@ -52,7 +53,7 @@ def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
     hub.ingest(report("node-b", rank(0, job_id="old")), T0 + 200)  # a job seen again is new
     hub.forget_old(T0 + 200)
     assert sorted(hub.jobs) == ["old"]
-    assert hub.node_silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
+    assert hub.hearing.silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
 
 
 def test_at_the_job_limit_the_job_reported_least_recently_makes_room(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.evidence import culprit_place
+from watchdog.coordinator.hearing import Hearing
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_rows
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
 from watchdog.coordinator.persist import IncidentSaver
@@ -57,8 +58,6 @@ STACK_INTERVAL_S = 2.0  # a job's stacks at most this often: each dump pauses it
 JOB_RETENTION_S = 600.0
 MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
 SWEEP_S = 5.0
-NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
-SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 # Ranks that raise one error exit milliseconds apart, yet their exits come in different reports
 # (each agent reports once a second): a verdict on the first alone would blame one of them.
 EXIT_SETTLE_S = 2.0
@@ -82,8 +81,7 @@ class Coordinator:
         self.ended_listeners: list[EndedListener] = []
         self.sessions = Sessions()
         self.admission = Admission(policy)
-        self._node_seen: dict[str, float] = {}
-        self._node_interval: dict[str, float] = {}
+        self.hearing = Hearing(tick)
         self._job_seen: dict[str, float] = {}
         self._stacks_asked: dict[str, float] = {}  # job id -> monotonic time
         self._swept_at = 0.0
@@ -107,7 +105,7 @@ class Coordinator:
         if isinstance(message, NodeReport):
             now = time.time()
             if self.sessions.bind(session, message.node,
-                                  self.node_silence(message.node, now)[0]):
+                                  self.hearing.silence(message.node, now)[0]):
                 self.ingest(message, now)
         else:
             self.sessions.answer(session, message)
@@ -121,11 +119,7 @@ class Coordinator:
     # -- state --
     def ingest(self, report: NodeReport, now: float) -> None:
         """Take one node report, received at `now`."""
-        previous = self._node_seen.get(report.node)
-        if previous is not None:  # a smoothed report interval, for how long silence may last
-            interval = self._node_interval.get(report.node, now - previous)
-            self._node_interval[report.node] = 0.8 * interval + 0.2 * (now - previous)
-        self._node_seen[report.node] = now
+        self.hearing.heard(report.node, now)
         metrics.REPORTS.inc()
         flagged: set[str] = set()
         for state in report.ranks:
@@ -161,10 +155,9 @@ class Coordinator:
         for job_id in [j for j, seen in self._job_seen.items() if now - seen > self.job_retention]:
             if not self.jobs[job_id].evaluating:
                 self._forget_job(job_id)
-        for node in [n for n, seen in self._node_seen.items() if now - seen > self.job_retention]:
+        for node in self.hearing.quiet_for(self.job_retention, now):
             if self.sessions.session_of(node) is None:
-                del self._node_seen[node]
-                self._node_interval.pop(node, None)
+                self.hearing.forget(node)
 
     def job_status(self, job: JobView, now: float) -> dict[str, Any]:
         verdict = job.incident if job.incident_open or job.done else None
@@ -181,6 +174,10 @@ class Coordinator:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             now = time.time()
+            paused = self.hearing.turn(now)
+            if paused:
+                log.warning("the coordinator did not run for %.1f s (the machine paused, the "
+                            "clock stepped or the loop starved): no node is blamed for it", paused)
             try:
                 self.evaluate_all(now)
                 if now - self._swept_at >= SWEEP_S:
@@ -192,18 +189,11 @@ class Coordinator:
                 await asyncio.wait_for(stop.wait(), self.tick)
         await retries
 
-    def node_silence(self, node: str, now: float) -> tuple[bool, bool]:
-        """(silent, unreachable): silent after a few missed reports (an agent restarting),
-        unreachable after NODE_TIMEOUT_S."""
-        age = now - self._node_seen.get(node, now)
-        silent = age > max(SILENT_INTERVALS * self._node_interval.get(node, 1.0), 1.0)
-        return silent, age > NODE_TIMEOUT_S
-
     def _unreachable(self, job: JobView, now: float) -> tuple[str, ...] | None:
         """The job's unreachable nodes, or None while one is silent but not yet unreachable."""
         unreachable = []
         for node in sorted(set(job.nodes.values())):
-            silent, lost = self.node_silence(node, now)
+            silent, lost = self.hearing.silence(node, now)
             if silent and not lost:
                 return None
             if lost:
@@ -275,6 +265,9 @@ class Coordinator:
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
             stacks = await self.gather_stacks(job, live, STACK_SAMPLES if stalled else 1)
             now = time.time()
+            if self._late_but_alive(job, unreachable, stacks, now):
+                job.hold(now + RECHECK_S)
+                return
             snapshot = job.snapshot(now, stacks, unreachable, early)
             verdict = decide(snapshot)
             if early and verdict is not None and not early_verdict_stands(snapshot, verdict):
@@ -294,6 +287,19 @@ class Coordinator:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
             job.evaluating = False
+
+    def _late_but_alive(self, job: JobView, unreachable: tuple[str, ...],
+                        stacks: dict[int, RankStack], now: float) -> bool:
+        """Whether a node taken for unreachable answered for its ranks' stacks just now: its
+        agent lives, only its reports are late (a slow scan), so its ranks' state is not known
+        yet and nothing can be said."""
+        answered = {job.nodes.get(rank) for rank in stacks}
+        late = [node for node in unreachable if node in answered]
+        if late:
+            log.warning("job %s: node %s answered for stacks but sent no report for %.0f s; "
+                        "looking again later", printable(job.job_id), printable(late[0]),
+                        self.hearing.age(late[0], now))
+        return bool(late)
 
     async def _settle_exits(self, job: JobView) -> None:
         """Where a rank raised, give its peers' exits EXIT_SETTLE_S to arrive, so that ranks
