@@ -71,8 +71,13 @@ def test_metrics_follow_a_real_hang(tmp_path: Path) -> None:
     assert value(after, PREFIX + "incidents_total", **incidents) == 1
     assert (jobs(before, "HUNG"), jobs(after, "RUNNING")) == (0, 0)
     assert value(after, PREFIX + "ranks") == value(after, PREFIX + "agent_ranks") == 4
-    for name in ("stalls_total", "verdict_latency_seconds_count", "stack_dump_seconds_count"):
-        assert (value(before, PREFIX + name), value(after, PREFIX + name)) == (0, 1), name
+    assert (value(before, PREFIX + "verdict_latency_seconds_count"),
+            value(after, PREFIX + "verdict_latency_seconds_count")) == (0, 1)
+    # On a loaded machine a slow step before the fault can be a stall too, looked at with
+    # stacks and found to move on: more than one of each, never none.
+    for name in ("stalls_total", "stack_dump_seconds_count"):
+        assert value(before, PREFIX + name) == 0, name
+        assert (value(after, PREFIX + name) or 0) >= 1, name
     assert value(after, PREFIX + "stack_dump_failures_total") == 0
     reports_before = value(before, PREFIX + "reports_total")
     assert reports_before is not None and reports_before > 0

@@ -157,7 +157,8 @@ def test_a_real_hang_reaches_the_webhook_and_a_stuck_receiver_delays_nothing(
     assert {p.json()["id"] for p in stuck.posts} == {verdict["id"]}  # tried, timed out, again
     assert value(coordinator_metrics, "torch_hang_watchdog_webhook_deliveries_total",
                  outcome="sent") == 1
-    assert value(agent_metrics, "torch_hang_watchdog_stack_dump_seconds_count") == 1
+    # one look with stacks at least (a slow step on a loaded machine may have had its own)
+    assert (value(agent_metrics, "torch_hang_watchdog_stack_dump_seconds_count") or 0) >= 1
     assert value(agent_metrics, "torch_hang_watchdog_agent_ranks") == 4
     assert "webhook http://127.0.0.1:" in logs[0] and "Connection refused" in logs[0]
     assert "SECRET" not in logs[0]
