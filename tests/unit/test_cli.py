@@ -6,6 +6,7 @@ import pytest
 
 from watchdog import __version__
 from watchdog.cli import main
+from watchdog.cli.main import COMMANDS, DAEMONS
 from watchdog.errors import ExitCode
 
 
@@ -52,3 +53,17 @@ def test_a_watchdog_error_exits_1_with_its_hint(capsys: pytest.CaptureFixture[st
 def test_run_without_a_command_says_how_to_pass_one(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run"]) == ExitCode.USAGE
     assert "hint: put the job after --" in capsys.readouterr().err
+
+
+def test_help_lists_each_subcommand_once_and_the_daemons_log_by_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["run", "launch", "demo", "agent", "coordinator", "status", "incidents", "explain",
+             "doctor", "check"]
+    assert [command.name for command in COMMANDS] == names
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    # A subcommand's line is indented by four; a help wrapped onto the next line, by more.
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if line.startswith("    ") and not line.startswith("     ")]
+    assert listed == names
+    assert DAEMONS == ("agent", "coordinator")

@@ -9,44 +9,46 @@ import sys
 from watchdog import env
 from watchdog.cli import options
 
-HELP = "the per-node agent daemon"
 
+class AgentCommand:
+    name = "agent"
+    help = "the per-node agent daemon"
+    daemon = True
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="default: port 29450 on the MASTER_ADDR of the jobs found on this "
-                        "node, else on 127.0.0.1")
-    p.add_argument("--beacon-dir", metavar="DIR", help="default: $WATCHDOG_BEACON_DIR or "
-                   "/dev/shm/torch-hang-watchdog")
-    p.add_argument("--node-name", metavar="N", help="default: the host name")
-    p.add_argument("--interval", type=options.positive_float, default=1.0, metavar="S",
-                   help="report period (default 1)")
-    options.add_native_option(p)
-    options.add_client_security_options(p)
-    options.add_metrics_option(p)
-    options.add_health_option(p, "SERVING while the agent scans and streams to the "
-                                 "coordinator; service \"liveness\": while it scans")
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="default: port 29450 on the MASTER_ADDR of the jobs found on this "
+                            "node, else on 127.0.0.1")
+        p.add_argument("--beacon-dir", metavar="DIR", help="default: $WATCHDOG_BEACON_DIR or "
+                       "/dev/shm/torch-hang-watchdog")
+        p.add_argument("--node-name", metavar="N", help="default: the host name")
+        p.add_argument("--interval", type=options.positive_float, default=1.0, metavar="S",
+                       help="report period (default 1)")
+        options.add_native_option(p)
+        options.add_client_security_options(p)
+        options.add_metrics_option(p)
+        options.add_health_option(p, "SERVING while the agent scans and streams to the "
+                                     "coordinator; service \"liveness\": while it scans")
 
+    def run(self, args: argparse.Namespace) -> int:
+        from agent import Agent
+        from watchdog.cli.service import STALE_AFTER_S, Vitals, daemon_services
 
-def run(args: argparse.Namespace) -> int:
-    from agent import Agent
-    from watchdog.cli.service import STALE_AFTER_S, Vitals, daemon_services
+        node = args.node_name or env.short_hostname()
+        beacon_dir = args.beacon_dir or env.beacon_dir()
+        agent = Agent(args.coordinator, beacon_dir, node, args.interval,
+                      security=options.client_security_of(args), native=args.native)
+        status = (f"{node}: beacons in {beacon_dir}, "
+                  f"coordinator {args.coordinator or 'from the jobs MASTER_ADDR'}")
+        # A scan may legitimately take a while on a busy node: several intervals, at least 10 s.
+        vitals = Vitals(lambda: agent.heartbeat, agent.stream_up,
+                        max(STALE_AFTER_S, 5 * args.interval))
 
-    node = args.node_name or env.short_hostname()
-    beacon_dir = args.beacon_dir or env.beacon_dir()
-    agent = Agent(args.coordinator, beacon_dir, node, args.interval,
-                  security=options.client_security_of(args), native=args.native)
-    status = (f"{node}: beacons in {beacon_dir}, "
-              f"coordinator {args.coordinator or 'from the jobs MASTER_ADDR'}")
-    # A scan may legitimately take a while on a busy node: several intervals, at least 10 s.
-    vitals = Vitals(lambda: agent.heartbeat, agent.stream_up,
-                    max(STALE_AFTER_S, 5 * args.interval))
+        async def serve(stop: asyncio.Event) -> None:
+            async with daemon_services(stop, vitals, status, health_listen=args.health_listen,
+                                       metrics_listen=args.metrics_listen):
+                print(f"watchdog agent {status}", file=sys.stderr, flush=True)
+                await agent.run(stop)
 
-    async def serve(stop: asyncio.Event) -> None:
-        async with daemon_services(stop, vitals, status, health_listen=args.health_listen,
-                                   metrics_listen=args.metrics_listen):
-            print(f"watchdog agent {status}", file=sys.stderr, flush=True)
-            await agent.run(stop)
-
-    asyncio.run(options.serve_until_signal(serve))
-    return 0
+        asyncio.run(options.serve_until_signal(serve))
+        return 0

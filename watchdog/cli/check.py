@@ -35,40 +35,43 @@ from watchdog.demo import MINIMAL_PREFIX, MINIMAL_SCRIPT, MINIMAL_STEPS
 from watchdog.errors import ExitCode
 from watchdog.explain.advice import ADVICE
 
-HELP = "run a tiny job through init, all_reduce, barrier and destroy, and say what fails"
 EXPLAINED_FINDINGS = 6
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=options.positive_int, metavar="N",
-                   help="ranks on this node (default: one per GPU with nccl, else 2)")
-    p.add_argument("--backend", choices=("gloo", "nccl"),
-                   help="default: nccl where CUDA is available, else gloo")
-    p.add_argument("--timeout", type=options.positive_float, default=60.0, metavar="S",
-                   help="a step silent this long is a hang; the job ends after twice as long "
-                        "(default 60)")
-    options.add_db_option(p)
-    p.add_argument("torchrun_args", nargs=argparse.REMAINDER, metavar="-- TORCHRUN_ARGS",
-                   help="torchrun's options for several nodes (--nnodes, --node-rank, "
-                        "--master-addr, --master-port, --rdzv-endpoint, ...)")
+class CheckCommand:
+    name = "check"
+    help = "run a tiny job through init, all_reduce, barrier and destroy, and say what fails"
+    daemon = False
 
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--nproc", type=options.positive_int, metavar="N",
+                       help="ranks on this node (default: one per GPU with nccl, else 2)")
+        p.add_argument("--backend", choices=("gloo", "nccl"),
+                       help="default: nccl where CUDA is available, else gloo")
+        p.add_argument("--timeout", type=options.positive_float, default=60.0, metavar="S",
+                       help="a step silent this long is a hang; the job ends after twice as long "
+                            "(default 60)")
+        options.add_db_option(p)
+        p.add_argument("torchrun_args", nargs=argparse.REMAINDER, metavar="-- TORCHRUN_ARGS",
+                       help="torchrun's options for several nodes (--nnodes, --node-rank, "
+                            "--master-addr, --master-port, --rdzv-endpoint, ...)")
 
-def run(args: argparse.Namespace) -> int:
-    from watchdog.coordinator import default_db_path
+    def run(self, args: argparse.Namespace) -> int:
+        from watchdog.coordinator import default_db_path
 
-    torchrun_args = list(args.torchrun_args[1:] if args.torchrun_args[:1] == ["--"]
-                         else args.torchrun_args)
-    rendezvous = rendezvous_of(torchrun_args, os.environ)
-    checks = [*environment_checks(os.environ), *rendezvous_checks(rendezvous)]
-    out = sys.stdout
-    for check in checks:
-        _print_check(check, out)
-    if any(check.level == FAIL for check in checks):
-        out.write("watchdog check: FAILED before starting the job\n")
-        return ExitCode.ERROR
-    backend, nproc = _backend_and_nproc(args.backend, args.nproc)
-    return asyncio.run(_run_job(backend, nproc, rendezvous, torchrun_args, args.timeout,
-                                args.db or default_db_path(), out))
+        torchrun_args = list(args.torchrun_args[1:] if args.torchrun_args[:1] == ["--"]
+                             else args.torchrun_args)
+        rendezvous = rendezvous_of(torchrun_args, os.environ)
+        checks = [*environment_checks(os.environ), *rendezvous_checks(rendezvous)]
+        out = sys.stdout
+        for check in checks:
+            _print_check(check, out)
+        if any(check.level == FAIL for check in checks):
+            out.write("watchdog check: FAILED before starting the job\n")
+            return ExitCode.ERROR
+        backend, nproc = _backend_and_nproc(args.backend, args.nproc)
+        return asyncio.run(_run_job(backend, nproc, rendezvous, torchrun_args, args.timeout,
+                                    args.db or default_db_path(), out))
 
 
 def _backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int]:

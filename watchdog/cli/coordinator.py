@@ -17,40 +17,90 @@ if TYPE_CHECKING:
     from watchdog.coordinator import Coordinator
     from watchdog.web import WebAuth, WebView
 
-HELP = "the coordinator daemon"
 
+class CoordinatorCommand:
+    name = "coordinator"
+    help = "the coordinator daemon"
+    daemon = True
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
-    options.add_token_option(p)
-    for role, may in (("agent", "send reports and answer stack requests"),
-                      ("reader", "read every job (watchdog status)"),
-                      ("control", "read, and act on jobs")):
-        p.add_argument(f"--{role}-token-file", metavar="F",
-                       help=f"the token that may {may}, in place of --token-file's")
-    p.add_argument("--tls-cert", metavar="PEM", help="speak TLS with this certificate")
-    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    p.add_argument("--tls-client-ca", metavar="PEM",
-                   help="require client certificates signed by this CA")
-    options.add_db_option(p)
-    p.add_argument("--keep", type=options.positive_int, default=KEEP_COUNT, metavar="N",
-                   help=f"keep the newest N incidents (default {KEEP_COUNT})")
-    p.add_argument("--keep-days", type=options.positive_float, default=KEEP_DAYS, metavar="D",
-                   help=f"drop incidents older than D days (default {KEEP_DAYS:.0f})")
-    p.add_argument("--job-retention", type=options.positive_float, default=JOB_RETENTION_S,
-                   metavar="S", help="forget a job no agent reported for S seconds (default "
-                                     f"{JOB_RETENTION_S:.0f})")
-    options.add_stall_options(p)
-    options.add_metrics_option(p)
-    options.add_health_option(p, "the gRPC port serves it too; this one is for probes that "
-                                 "speak no TLS, such as Kubernetes'")
-    p.add_argument("--notify-webhook", action="append", default=[], type=_webhook_url,
-                   metavar="URL", help="POST the JSON of each hang incident to URL "
-                                       "(repeatable); see the README for Slack and Alertmanager")
-    p.add_argument("--web-listen", metavar="HOST:PORT",
-                   help="also serve a read-only web view of jobs, ranks and incidents here (off "
-                        "by default; with a token, readers sign in with it; without one, "
-                        "loopback only)")
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--listen", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+        options.add_token_option(p)
+        for role, may in (("agent", "send reports and answer stack requests"),
+                          ("reader", "read every job (watchdog status)"),
+                          ("control", "read, and act on jobs")):
+            p.add_argument(f"--{role}-token-file", metavar="F",
+                           help=f"the token that may {may}, in place of --token-file's")
+        p.add_argument("--tls-cert", metavar="PEM", help="speak TLS with this certificate")
+        p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+        p.add_argument("--tls-client-ca", metavar="PEM",
+                       help="require client certificates signed by this CA")
+        options.add_db_option(p)
+        p.add_argument("--keep", type=options.positive_int, default=KEEP_COUNT, metavar="N",
+                       help=f"keep the newest N incidents (default {KEEP_COUNT})")
+        p.add_argument("--keep-days", type=options.positive_float, default=KEEP_DAYS, metavar="D",
+                       help=f"drop incidents older than D days (default {KEEP_DAYS:.0f})")
+        p.add_argument("--job-retention", type=options.positive_float, default=JOB_RETENTION_S,
+                       metavar="S", help="forget a job no agent reported for S seconds (default "
+                                         f"{JOB_RETENTION_S:.0f})")
+        options.add_stall_options(p)
+        options.add_metrics_option(p)
+        options.add_health_option(p, "the gRPC port serves it too; this one is for probes that "
+                                     "speak no TLS, such as Kubernetes'")
+        p.add_argument("--notify-webhook", action="append", default=[], type=_webhook_url,
+                       metavar="URL", help="POST the JSON of each hang incident to URL "
+                                           "(repeatable); see the README for Slack and "
+                                           "Alertmanager")
+        p.add_argument("--web-listen", metavar="HOST:PORT",
+                       help="also serve a read-only web view of jobs, ranks and incidents "
+                            "here (off by default; with a token, readers sign in with it; "
+                            "without one, loopback only)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from watchdog.cli.service import Vitals, daemon_services
+        from watchdog.coordinator import Coordinator, IncidentStore, default_db_path
+        from watchdog.coordinator.gauges import keep_sampled
+        from watchdog.coordinator.webhook import Webhooks
+        from watchdog.transport import Health, server_security, start_server
+        from watchdog.web import WebAuth
+
+        security = server_security(
+            args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca,
+            {role: getattr(args, f"{role}_token_file")
+             for role in ("agent", "reader", "control")})
+        store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
+        store.open()
+        coordinator = Coordinator(store, options.stall_policy(args),
+                                  job_retention=args.job_retention)
+        webhooks = Webhooks(args.notify_webhook)
+        if webhooks.hooks:
+            coordinator.listeners.append(webhooks)
+        # The web view shows what Status does: the reader's token opens it.
+        web_auth = (None if args.web_listen is None
+                    else WebAuth(security.tokens(["reader"]).get("reader"), args.web_listen))
+
+        async def serve(stop: asyncio.Event) -> None:
+            health = await Health.create()
+            server, port = await start_server(coordinator, args.listen, security, health)
+            status = f"listening on {args.listen} (port {port}), incidents in {store.path}"
+            web = None
+            try:
+                async with daemon_services(stop, Vitals(lambda: coordinator.heartbeat), status,
+                                           health, args.health_listen, args.metrics_listen):
+                    print(f"watchdog coordinator {status}", file=sys.stderr, flush=True)
+                    if web_auth is not None:
+                        web = _start_web(args, coordinator, web_auth, store.path)
+                    sampled = [keep_sampled(coordinator, stop)] if args.metrics_listen else []
+                    await asyncio.gather(coordinator.run(stop), *sampled)
+            finally:
+                if web is not None:
+                    await asyncio.to_thread(web.stop)
+                await server.stop(grace=1.0)
+                await asyncio.to_thread(webhooks.close)
+                await coordinator.saver.close()
+
+        asyncio.run(options.serve_until_signal(serve))
+        return 0
 
 
 def _webhook_url(text: str) -> str:
@@ -60,52 +110,6 @@ def _webhook_url(text: str) -> str:
         return check_url(text)
     except UsageError as e:
         raise argparse.ArgumentTypeError(e.args[0]) from None
-
-
-def run(args: argparse.Namespace) -> int:
-    from watchdog.cli.service import Vitals, daemon_services
-    from watchdog.coordinator import Coordinator, IncidentStore, default_db_path
-    from watchdog.coordinator.gauges import keep_sampled
-    from watchdog.coordinator.webhook import Webhooks
-    from watchdog.transport import Health, server_security, start_server
-    from watchdog.web import WebAuth
-
-    security = server_security(
-        args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca,
-        {role: getattr(args, f"{role}_token_file") for role in ("agent", "reader", "control")})
-    store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
-    store.open()
-    coordinator = Coordinator(store, options.stall_policy(args),
-                              job_retention=args.job_retention)
-    webhooks = Webhooks(args.notify_webhook)
-    if webhooks.hooks:
-        coordinator.listeners.append(webhooks)
-    # The web view shows what Status does: the reader's token opens it.
-    web_auth = (None if args.web_listen is None
-                else WebAuth(security.tokens(["reader"]).get("reader"), args.web_listen))
-
-    async def serve(stop: asyncio.Event) -> None:
-        health = await Health.create()
-        server, port = await start_server(coordinator, args.listen, security, health)
-        status = f"listening on {args.listen} (port {port}), incidents in {store.path}"
-        web = None
-        try:
-            async with daemon_services(stop, Vitals(lambda: coordinator.heartbeat), status,
-                                       health, args.health_listen, args.metrics_listen):
-                print(f"watchdog coordinator {status}", file=sys.stderr, flush=True)
-                if web_auth is not None:
-                    web = _start_web(args, coordinator, web_auth, store.path)
-                sampled = [keep_sampled(coordinator, stop)] if args.metrics_listen else []
-                await asyncio.gather(coordinator.run(stop), *sampled)
-        finally:
-            if web is not None:
-                await asyncio.to_thread(web.stop)
-            await server.stop(grace=1.0)
-            await asyncio.to_thread(webhooks.close)
-            await coordinator.saver.close()
-
-    asyncio.run(options.serve_until_signal(serve))
-    return 0
 
 
 def _start_web(args: argparse.Namespace, coordinator: Coordinator, auth: WebAuth,

@@ -18,18 +18,21 @@ from watchdog.cli.render import use_color
 from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import ExitCode, WatchdogError
 
-HELP = "a 4-rank CPU job with an injected hang, diagnosed live"
 DEMO_STALL_TIMEOUT_S = 5.0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_db_option(p)
+class DemoCommand:
+    name = "demo"
+    help = "a 4-rank CPU job with an injected hang, diagnosed live"
+    daemon = False
 
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        options.add_db_option(p)
 
-def run(args: argparse.Namespace) -> int:
-    from watchdog.coordinator import default_db_path
+    def run(self, args: argparse.Namespace) -> int:
+        from watchdog.coordinator import default_db_path
 
-    return run_demo(args.db or default_db_path(), use_color(sys.stderr))
+        return run_demo(args.db or default_db_path(), use_color(sys.stderr))
 
 
 def free_port() -> int:

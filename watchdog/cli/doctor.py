@@ -17,7 +17,6 @@ from watchdog import env as _env
 from watchdog.beacondir import user_dir
 from watchdog.errors import BeaconError, ExitCode, PySpyMissingError
 
-HELP = "preflight checks: ptrace, py-spy, torch, names"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 CAP_SYS_PTRACE = 19
 Check = tuple[str, str]  # (level, message)
@@ -132,9 +131,13 @@ def run_doctor(out: TextIO) -> int:
     return ExitCode.ERROR if failed else ExitCode.OK
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No options: every check runs."""
+class DoctorCommand:
+    name = "doctor"
+    help = "preflight checks: ptrace, py-spy, torch, names"
+    daemon = False
 
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        """No options: every check runs."""
 
-def run(args: argparse.Namespace) -> int:
-    return run_doctor(sys.stdout)
+    def run(self, args: argparse.Namespace) -> int:
+        return run_doctor(sys.stdout)

@@ -7,13 +7,16 @@ import sys
 
 from watchdog.explain import explain_main
 
-HELP = "classify NCCL/torch/torchrun error lines"
 
+class ExplainCommand:
+    name = "explain"
+    help = "classify NCCL/torch/torchrun error lines"
+    daemon = False
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logfiles", nargs="*", metavar="LOGFILE", help="files; none or - for stdin")
-    p.add_argument("--json", action="store_true")
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("logfiles", nargs="*", metavar="LOGFILE",
+                       help="files; none or - for stdin")
+        p.add_argument("--json", action="store_true")
 
-
-def run(args: argparse.Namespace) -> int:
-    return explain_main(args.logfiles, args.json, sys.stdout, sys.stdin)
+    def run(self, args: argparse.Namespace) -> int:
+        return explain_main(args.logfiles, args.json, sys.stdout, sys.stdin)

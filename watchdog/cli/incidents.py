@@ -10,44 +10,46 @@ from watchdog.cli import options
 from watchdog.cli.render import render_incident, render_incident_list, use_color
 from watchdog.errors import UsageError, WatchdogError
 
-HELP = "stored incidents"
 
+class IncidentsCommand:
+    name = "incidents"
+    help = "stored incidents"
+    daemon = False
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
-    p.add_argument("id", nargs="?", help="incident id (for show)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--html", metavar="PATH",
-                   help="show: write the incident to PATH as one self-contained HTML page")
-    options.add_db_option(p)
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+        p.add_argument("id", nargs="?", help="incident id (for show)")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--html", metavar="PATH",
+                       help="show: write the incident to PATH as one self-contained HTML page")
+        options.add_db_option(p)
 
+    def run(self, args: argparse.Namespace) -> int:
+        from watchdog.coordinator import IncidentStore, default_db_path
 
-def run(args: argparse.Namespace) -> int:
-    from watchdog.coordinator import IncidentStore, default_db_path
-
-    if args.html and args.action != "show":
-        raise UsageError("--html goes with `incidents show ID`")
-    store = IncidentStore(args.db or default_db_path())
-    try:
-        if args.action == "show":
-            if not args.id:
-                raise UsageError("incidents show needs an incident id",
-                                 hint="`watchdog incidents list` shows them")
-            body = store.get_json(args.id)
-            if body is None:
-                raise WatchdogError(f"no incident {args.id} in {store.path}")
-            if args.html:
-                _write_html(args.html, json.loads(body))
+        if args.html and args.action != "show":
+            raise UsageError("--html goes with `incidents show ID`")
+        store = IncidentStore(args.db or default_db_path())
+        try:
+            if args.action == "show":
+                if not args.id:
+                    raise UsageError("incidents show needs an incident id",
+                                     hint="`watchdog incidents list` shows them")
+                body = store.get_json(args.id)
+                if body is None:
+                    raise WatchdogError(f"no incident {args.id} in {store.path}")
+                if args.html:
+                    _write_html(args.html, json.loads(body))
+                else:
+                    print(body if args.json else render_incident(json.loads(body),
+                                                                 use_color(sys.stdout)))
+            elif args.json:
+                print("[" + ", ".join(store.list_json()) + "]")
             else:
-                print(body if args.json else render_incident(json.loads(body),
-                                                             use_color(sys.stdout)))
-        elif args.json:
-            print("[" + ", ".join(store.list_json()) + "]")
-        else:
-            print(render_incident_list([json.loads(b) for b in store.list_json()]))
-    finally:
-        store.close()
-    return 0
+                print(render_incident_list([json.loads(b) for b in store.list_json()]))
+        finally:
+            store.close()
+        return 0
 
 
 def _write_html(path: str, incident: dict[str, object]) -> None:

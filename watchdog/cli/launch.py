@@ -7,13 +7,15 @@ import argparse
 
 from watchdog.cli.inject import exec_with_hook
 
-HELP = "run a job with the hook injected, no daemon of our own"
 
+class LaunchCommand:
+    name = "launch"
+    help = "run a job with the hook injected, no daemon of our own"
+    daemon = False
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
-
-def run(args: argparse.Namespace) -> int:
-    exec_with_hook(args.cmd)
-    return 0  # not reached: exec replaced this process
+    def run(self, args: argparse.Namespace) -> int:
+        exec_with_hook(args.cmd)
+        return 0  # not reached: exec replaced this process

@@ -1,4 +1,4 @@
-"""The `watchdog` parser: one subcommand per module of this package, each with its own options
+"""The `watchdog` parser: one subcommand per `Command` in `COMMANDS`, each with its own options
 and body; errors become the exit codes `ExitCode` defines."""
 
 from __future__ import annotations
@@ -9,30 +9,27 @@ import contextlib
 import logging
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from watchdog import __version__
-from watchdog.cli import (
-    agent,
-    check,
-    coordinator,
-    demo,
-    doctor,
-    explain,
-    incidents,
-    launch,
-    run,
-    status,
-)
+from watchdog.cli.agent import AgentCommand
+from watchdog.cli.check import CheckCommand
+from watchdog.cli.command import Command
+from watchdog.cli.coordinator import CoordinatorCommand
+from watchdog.cli.demo import DemoCommand
+from watchdog.cli.doctor import DoctorCommand
+from watchdog.cli.explain import ExplainCommand
+from watchdog.cli.incidents import IncidentsCommand
+from watchdog.cli.launch import LaunchCommand
+from watchdog.cli.run import RunCommand
+from watchdog.cli.status import StatusCommand
 from watchdog.errors import ExitCode, UsageError, WatchdogError
 
-# Each module has HELP, add_arguments(parser) and run(args) -> exit code.
-COMMANDS: dict[str, ModuleType] = {
-    "run": run, "launch": launch, "demo": demo, "agent": agent, "coordinator": coordinator,
-    "status": status, "incidents": incidents, "explain": explain, "doctor": doctor,
-    "check": check,
-}
-DAEMONS = ("agent", "coordinator")
+# In the order `watchdog --help` lists them.
+COMMANDS: tuple[Command, ...] = (
+    RunCommand(), LaunchCommand(), DemoCommand(), AgentCommand(), CoordinatorCommand(),
+    StatusCommand(), IncidentsCommand(), ExplainCommand(), DoctorCommand(), CheckCommand(),
+)
+DAEMONS = tuple(command.name for command in COMMANDS if command.daemon)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, command in COMMANDS.items():
-        command.add_arguments(sub.add_parser(name, help=command.HELP))
+    for command in COMMANDS:
+        command.prepare_parser(sub.add_parser(command.name, help=command.help))
     return parser
 
 
@@ -55,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         with contextlib.suppress(BrokenPipeError):
-            return int(COMMANDS[args.command].run(args))
+            return int(_named(args.command).run(args))
         return ExitCode.OK
     except UsageError as e:
         print(f"watchdog: {e}", file=sys.stderr)
@@ -65,3 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.ERROR
     except (KeyboardInterrupt, asyncio.CancelledError):
         return ExitCode.INTERRUPTED
+
+
+def _named(name: str) -> Command:
+    return next(command for command in COMMANDS if command.name == name)

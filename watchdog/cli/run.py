@@ -10,30 +10,33 @@ import sys
 from watchdog.cli import options
 from watchdog.cli.render import use_color
 
-HELP = "run a job with an embedded agent and coordinator"
 
+class RunCommand:
+    name = "run"
+    help = "run a job with an embedded agent and coordinator"
+    daemon = False
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_stall_options(p)
-    p.add_argument("--on-hang", choices=("report", "kill", "restart"), default="report",
-                   help="after a hang's diagnosis: keep the job running (report), end it "
-                        "(kill), or end the hung attempt's workers so that torchrun restarts "
-                        "them while --max-restarts allows (restart)")
-    p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
-    p.add_argument("--report-html", metavar="PATH",
-                   help="write the first hang incident to PATH as one self-contained HTML page")
-    options.add_db_option(p)
-    options.add_native_option(p)
-    options.add_metrics_option(p)
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        options.add_stall_options(p)
+        p.add_argument("--on-hang", choices=("report", "kill", "restart"), default="report",
+                       help="after a hang's diagnosis: keep the job running (report), end it "
+                            "(kill), or end the hung attempt's workers so that torchrun "
+                            "restarts them while --max-restarts allows (restart)")
+        p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
+        p.add_argument("--report-html", metavar="PATH",
+                       help="write the first hang incident to PATH as one self-contained HTML "
+                            "page")
+        options.add_db_option(p)
+        options.add_native_option(p)
+        options.add_metrics_option(p)
+        p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
+    def run(self, args: argparse.Namespace) -> int:
+        from watchdog.cli.embedded import RunOptions, run_job
+        from watchdog.coordinator import default_db_path
 
-def run(args: argparse.Namespace) -> int:
-    from watchdog.cli.embedded import RunOptions, run_job
-    from watchdog.coordinator import default_db_path
-
-    run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang, args.report,
-                             args.report_html, args.db or default_db_path(),
-                             use_color(sys.stderr), args.native,
-                             metrics_listen=args.metrics_listen)
-    return asyncio.run(run_job(run_options))
+        run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang,
+                                 args.report, args.report_html, args.db or default_db_path(),
+                                 use_color(sys.stderr), args.native,
+                                 metrics_listen=args.metrics_listen)
+        return asyncio.run(run_job(run_options))

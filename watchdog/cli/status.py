@@ -19,16 +19,7 @@ from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import CoordinatorUnreachableError, WatchdogError
 from watchdog.transport import ClientSecurity
 
-HELP = "jobs, ranks and the current verdict"
 SOURCE_TIMEOUT_S = 5.0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="ask this coordinator only (default: every `watchdog run` on this "
-                        f"machine and the coordinator at {DEFAULT_ADDRESS})")
-    options.add_client_security_options(p)
-    p.add_argument("--json", action="store_true", help="machine-readable (the contract)")
 
 
 @dataclass(frozen=True)
@@ -44,34 +35,47 @@ class Answer:
     jobs: list[dict[str, Any]]
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.coordinator is not None:
-        text = asyncio.run(_status_text(Source("", args.coordinator,
-                                               options.client_security_of(args))))
-        print(text if args.json else render_status(json.loads(text), color=use_color(sys.stdout)))
-        return 0
-    from watchdog.cli.discover import open_runs
+class StatusCommand:
+    name = "status"
+    help = "jobs, ranks and the current verdict"
+    daemon = False
 
-    service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS,
-                     options.client_security_of(args))
-    with open_runs() as runs:
-        sources = [Source(r.label, r.address) for r in runs]
-        if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
-            sources.append(service)
-        answers, notes = asyncio.run(ask_all(sources))
-    for note in notes:
-        print(f"watchdog status: skipped {note}", file=sys.stderr)
-    if not answers:
-        raise CoordinatorUnreachableError(
-            f"no job to show: no `watchdog run` found on this machine and no coordinator "
-            f"answered at {DEFAULT_ADDRESS}",
-            hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
-    merged = merge(answers)
-    if args.json:
-        print(json.dumps({"jobs": [job for answer in merged for job in answer.jobs]}))
-    else:
-        print(render_answers(merged, use_color(sys.stdout)))
-    return 0
+    def prepare_parser(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="ask this coordinator only (default: every `watchdog run` on this "
+                            f"machine and the coordinator at {DEFAULT_ADDRESS})")
+        options.add_client_security_options(p)
+        p.add_argument("--json", action="store_true", help="machine-readable (the contract)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.coordinator is not None:
+            text = asyncio.run(_status_text(Source("", args.coordinator,
+                                                   options.client_security_of(args))))
+            print(text if args.json
+                  else render_status(json.loads(text), color=use_color(sys.stdout)))
+            return 0
+        from watchdog.cli.discover import open_runs
+
+        service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS,
+                         options.client_security_of(args))
+        with open_runs() as runs:
+            sources = [Source(r.label, r.address) for r in runs]
+            if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
+                sources.append(service)
+            answers, notes = asyncio.run(ask_all(sources))
+        for note in notes:
+            print(f"watchdog status: skipped {note}", file=sys.stderr)
+        if not answers:
+            raise CoordinatorUnreachableError(
+                f"no job to show: no `watchdog run` found on this machine and no coordinator "
+                f"answered at {DEFAULT_ADDRESS}",
+                hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
+        merged = merge(answers)
+        if args.json:
+            print(json.dumps({"jobs": [job for answer in merged for job in answer.jobs]}))
+        else:
+            print(render_answers(merged, use_color(sys.stdout)))
+        return 0
 
 
 async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:
