@@ -6,7 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from agent.workers import FINGERPRINT_REPORTS, WorkerTable, rank_state
+from agent.rankstate import rank_state
+from agent.table import WorkerTable
+from agent.worker import FINGERPRINT_REPORTS
 from watchdog.beacon import BeaconWriter, CheckState, Fingerprint, Identity, beacon_path
 
 
