@@ -20,9 +20,11 @@ import grpc
 from agent.budget import StackBudget
 from agent.exits import ExitObserver
 from agent.gpu import GpuSampler
+from agent.rankstate import rank_state
 from agent.stacks import dump_stacks
+from agent.table import WorkerTable
 from agent.userfiles import worker_logs
-from agent.workers import Worker, WorkerTable, rank_state
+from agent.worker import Worker
 from watchdog import metrics
 from watchdog.env import DEFAULT_ADDRESS, DEFAULT_PORT
 from watchdog.errors import WatchdogError
@@ -62,9 +64,8 @@ class Agent:
         """Refresh the worker table and return the node report for it (blocking: file and /proc
         reads; the loop runs it in a thread)."""
         now = time.time()
-        self.table.refresh(now)
-        gpu = self.gpu.utilization()
-        ranks = tuple(rank_state(w, now, gpu) for w in self.table.workers())
+        self.table.refresh(now, self.gpu.utilization())
+        ranks = tuple(rank_state(w, now) for w in self.table.workers())
         metrics.AGENT_RANKS.set(len(ranks))
         return NodeReport(self.node, now, ranks)
 

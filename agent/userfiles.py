@@ -26,7 +26,7 @@ from pathlib import Path
 from agent import procfs, tailfile
 from agent.logtail import read_tail, relevant_lines, tail_lines
 from agent.verify import Credentials
-from agent.workers import Worker
+from agent.worker import Worker
 from watchdog.text import printable
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from _attack import AS_DAEMON, AS_NOBODY, NOBODY, clean_env, scratch_dir, worker
 
-from agent.workers import WorkerTable
+from agent.table import WorkerTable
 
 HOOKED = ("import os, sys, watchdog\n"
           "print(os.getpid(), flush=True)\n"

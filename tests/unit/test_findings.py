@@ -16,7 +16,7 @@ import torch
 from test_checks import ddp_linear, one_rank, recorder, steps
 from test_verdict import JOB, T0, done, entered, rank
 
-from agent.workers import check_evidence
+from agent.rankstate import check_evidence
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
 from watchdog.cli.render import render_status
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy

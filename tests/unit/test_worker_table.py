@@ -1,4 +1,5 @@
-"""The agent's worker table in this process: what a report carries of a rank's checks."""
+"""The agent's worker table in this process: what a report carries of a rank's checks, and
+that a report entry is converted from what the last refresh observed."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import os
 import time
 from pathlib import Path
 
-from agent.workers import FINGERPRINT_REPORTS, WorkerTable, rank_state
+from agent.rankstate import rank_state
+from agent.table import WorkerTable
+from agent.worker import FINGERPRINT_REPORTS, Worker
 from watchdog.beacon import BeaconWriter, CheckState, Fingerprint, Identity, beacon_path
+from watchdog.model import NO_ACTIVITY, Activity
 
 
 def test_a_ranks_fingerprints_go_out_in_the_few_reports_after_it_took_one(
@@ -33,3 +37,22 @@ def test_a_ranks_fingerprints_go_out_in_the_few_reports_after_it_took_one(
 
     assert reports(1, FINGERPRINT_REPORTS + 2) == [1] * FINGERPRINT_REPORTS + [0, 0]
     assert reports(2, 1) == [2]
+
+
+def test_a_report_entry_is_a_conversion_that_reads_nothing() -> None:
+    """rank_state reads no /proc and counts no report: what it says is what the refresh saw."""
+    gone = 2**22 + 12345  # no such process: a /proc read would say "" and no activity
+    busy = Activity(3.0, 0.9, 1.0, 0.0, 0.0)
+    worker = Worker(Identity("job", 1, 1, 2, "host", gone, time.time() - 5), 0,
+                    proc_state="R", activity=busy)
+    first, second = rank_state(worker, 100.0), rank_state(worker, 100.0)
+    assert first == second
+    assert (first.proc_state, first.activity, first.hooked) == ("R", busy, False)
+
+
+def test_observing_a_process_reads_the_proc_root_it_is_given(tmp_path: Path) -> None:
+    worker = Worker(Identity("job", 0, 0, 1, "host", os.getpid(), time.time() - 5), 0)
+    worker.observe(time.time(), None)
+    assert worker.proc_state  # this process, in the real /proc
+    worker.observe(time.time(), None, proc=str(tmp_path))
+    assert (worker.proc_state, worker.activity) == ("", NO_ACTIVITY)  # no such process there

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from agent.daemon import Agent
-from agent.workers import Worker
+from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir

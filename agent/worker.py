@@ -1,0 +1,73 @@
+"""One verified training process as the agent's table holds it, and what the table last observed
+of it: its process's state and activity, read at each refresh, so that converting it to a
+report entry (`agent.rankstate`) reads nothing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from agent import activity, beaconfiles, procfs, verify
+from watchdog import beacon
+from watchdog.model import NO_ACTIVITY, Activity
+
+# Reports that carry a rank's fingerprints after it took a new one: a few, in case one is shed
+# on the way; every report would double the coordinator's cost of decoding a rank's state.
+FINGERPRINT_REPORTS = 5
+
+
+@dataclass
+class Worker:
+    """A verified training process."""
+
+    identity: beacon.Identity  # from its beacon, or from its environment without a hook
+    start_ticks: int
+    beacon_path: str = ""  # empty: a torchrun worker without the hook (stacks only)
+    nccl_debug_file: str = ""  # NCCL_DEBUG_FILE with %h and %p expanded, if the worker set it
+    master_addr: str = ""  # the job's rendezvous host: where its coordinator runs by default
+    fd: int | None = None  # the beacon, open read-only
+    snapshot: beacon.BeaconSnapshot | None = None
+    exited_at: float | None = None
+    window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
+    exit_status: int | None = None  # as waitpid reports it, where the agent could see it
+    oom_counter: str = ""  # the file counting OOM kills in its memory cgroup...
+    oom_kills: int | None = None  # ...and the count when it was found
+    oom_killed: bool = False
+    fingerprints_taken: int = 0  # how many the beacon said its rank had taken, last report
+    fingerprint_reports: int = 0  # reports that still carry them
+    owner: verify.Credentials | None = None  # its files are read with these credentials
+    found: beaconfiles.Found | None = None  # where its beacon was found
+    # What the last refresh observed, for the next report:
+    proc_state: str = ""  # its /proc state letter; "" once exited
+    activity: Activity = NO_ACTIVITY
+    carries_fingerprints: bool = False  # the next report carries its rank's fingerprints
+
+    @property
+    def alive(self) -> bool:
+        return self.exited_at is None
+
+    def observe(self, now: float, gpu_util: float | None, proc: str = "/proc") -> None:
+        """Read the process's state and counters (its activity over the last few seconds), and
+        count one more report toward the few that carry new fingerprints."""
+        stat = procfs.read_stat(self.identity.pid, proc) if self.alive else None
+        self.proc_state = stat.state if stat is not None else ""
+        self.activity = (self.window.add(activity.read(self.identity.pid, now, stat, proc),
+                                         gpu_util)
+                         if stat is not None and not stat.gone else NO_ACTIVITY)
+        if self.snapshot is not None:
+            self.carries_fingerprints = self._new_fingerprints(self.snapshot.checks)
+
+    def _new_fingerprints(self, checks: beacon.CheckState) -> bool:
+        """Whether this report carries the worker's fingerprints: one of the next few after its
+        rank took one."""
+        if checks.taken != self.fingerprints_taken:
+            self.fingerprints_taken, self.fingerprint_reports = checks.taken, FINGERPRINT_REPORTS
+        if self.fingerprint_reports <= 0:
+            return False
+        self.fingerprint_reports -= 1
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
