@@ -18,7 +18,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from watchdog import beacon
+from watchdog.beacon import BeaconSnapshot, layout, read_beacon
 from watchdog.beacondir import SUFFIX
 from watchdog.errors import BeaconError
 
@@ -28,7 +28,7 @@ MAX_ENTRIES_PER_DIR = 4096  # a user's directory of junk files costs a bounded s
 READ_ATTEMPTS = 100
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-_SEQ = slice(beacon.OFF_SEQ, beacon.OFF_SEQ + 8)
+_SEQ = slice(layout.OFF_SEQ, layout.OFF_SEQ + 8)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def open_beacon(found: Found) -> tuple[int, os.stat_result]:
     problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
                else f"owned by uid {st.st_uid}, not by its directory's owner {found.owner}"
                if st.st_uid != found.owner
-               else f"{st.st_size} bytes, not {beacon.SIZE}" if st.st_size != beacon.SIZE
+               else f"{st.st_size} bytes, not {layout.SIZE}" if st.st_size != layout.SIZE
                else "")
     if problem:
         os.close(fd)
@@ -120,19 +120,19 @@ def open_beacon(found: Found) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read(fd: int) -> beacon.BeaconSnapshot:
+def read(fd: int) -> BeaconSnapshot:
     """A consistent snapshot of the beacon open at `fd` (the seqlock: the counter read before
     and after the copy is the same even value), or BeaconError."""
     size = os.fstat(fd).st_size
-    if size != beacon.SIZE:
-        raise BeaconError(f"beacon is now {size} bytes, not {beacon.SIZE}")
+    if size != layout.SIZE:
+        raise BeaconError(f"beacon is now {size} bytes, not {layout.SIZE}")
     for _ in range(READ_ATTEMPTS):
-        before = os.pread(fd, 8, beacon.OFF_SEQ)
-        data = os.pread(fd, beacon.SIZE, 0)
+        before = os.pread(fd, 8, layout.OFF_SEQ)
+        data = os.pread(fd, layout.SIZE, 0)
         if len(before) == 8 and not before[0] & 1 and data[_SEQ] == before == os.pread(
-                fd, 8, beacon.OFF_SEQ):
-            return beacon.read_beacon(data, attempts=1)
-        if len(data) < beacon.SIZE:
+                fd, 8, layout.OFF_SEQ):
+            return read_beacon(data, attempts=1)
+        if len(data) < layout.SIZE:
             raise BeaconError(f"beacon shrank to {len(data)} bytes while read")
         time.sleep(0)  # the writer is mid-record: let it run
     raise BeaconError(f"beacon kept changing during {READ_ATTEMPTS} reads")

@@ -13,7 +13,6 @@ from watchdog.model import (
     NO_EVIDENCE,
     CheckEvidence,
     ExitReason,
-    Fingerprint,
     Frame,
     GroupProgress,
     RankState,
@@ -41,8 +40,7 @@ def rank_state(worker: Worker, now: float) -> RankState:
         hooked=True,
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
         progress_age=_age(now, snap.progress_at),
-        gap_p99=snap.gap_p99 if math.isfinite(snap.gap_p99) and snap.gap_p99 >= 0 else 0.0,
-        gaps=snap.gaps,
+        pace=snap.pace,
         steps=snap.steps, events=snap.events, last_event_at=snap.last_event_at,
         groups=tuple(GroupProgress(g.name, _members(g.ranks, ident.world_size), g.entered_seq,
                                    g.op, g.completed_seq, g.entered_at) for g in snap.groups),
@@ -84,8 +82,7 @@ def check_evidence(checks: beacon.CheckState, fingerprints: bool = True) -> Chec
         return NO_EVIDENCE
     return CheckEvidence(
         checks=checks.enabled,
-        fingerprints=tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
-                           for f in checks.fingerprints) if fingerprints else (),
+        fingerprints=checks.fingerprints if fingerprints else (),
         unsynced_steps=checks.unsynced_steps, sampler_reuses=checks.sampler_reuses,
         sampler_reuse_step=checks.sampler_reuse_step, sampler_epoch=checks.sampler_epoch,
         ddp_change_step=checks.ddp_change_step, ddp_change_module=checks.ddp_change_module,

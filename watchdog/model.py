@@ -1,13 +1,19 @@
 """Plain data shared by the agent and the coordinator (never imported by the hook).
 
 These dataclasses, and the closed sets of names below, are what the rest of the code sees;
-`transport.wire` alone converts them to and from protobuf messages.
+`transport.wire` alone converts them to and from protobuf messages. `Pace` and `Fingerprint`
+are the hook's own records (`watchdog.beacon.records`), which a report carries unchanged.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+# Imported "as" themselves: re-exported, for the code that sees only this module.
+from watchdog.beacon.records import NO_PACE as NO_PACE
+from watchdog.beacon.records import Fingerprint as Fingerprint
+from watchdog.beacon.records import Pace as Pace
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
 # The op the hook records for DDP's constructor's shape check and parameter broadcast, which
@@ -125,20 +131,9 @@ NO_ACTIVITY = Activity()
 
 
 @dataclass(frozen=True, slots=True)
-class Fingerprint:
-    """A digest of a DDP module's parameters after optimizer step `step` (of "parameters"), or
-    of the batch its forward received after it ("batch"): equal on replicas in sync."""
-
-    of: str
-    group: str  # the DDP module's process group
-    module: int  # which DDP module of its process, in the order they were wrapped
-    step: int
-    digest: int
-
-
-@dataclass(frozen=True, slots=True)
 class CheckEvidence:
-    """What a rank's silent-bug checks gathered; the coordinator's findings compare ranks."""
+    """What a rank's silent-bug checks gathered; the coordinator's findings compare ranks. The
+    agent makes it of the beacon's `CheckState` (see there why the two differ)."""
 
     checks: tuple[str, ...] = ()  # the checks the rank's hook runs (Kind.check names)
     fingerprints: tuple[Fingerprint, ...] = ()  # the latest, while new: sent a few times
@@ -244,8 +239,7 @@ class RankState:
     exit_code: int | None = None  # None while alive, or when the process was killed
     clean_exit: bool = False  # the interpreter shut down normally (the hook's atexit ran)
     progress_age: float | None = None  # seconds since the hook saw its event count change
-    gap_p99: float = 0.0  # p99 of the hook's own gaps between progress, from its first step
-    gaps: int = 0  # how many such gaps the hook has seen
+    pace: Pace = NO_PACE  # the hook's own gaps between progress, from its first step
     activity: Activity = NO_ACTIVITY
     exit_reason: ExitReason | None = None  # once exited, where known
     attempt: int = 0  # torchrun's restart count: each attempt is a job of its own

@@ -15,21 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from watchdog.beacon import (
-    ALL_WORLD,
     EXIT_EXCEPTION,
-    GROUP_SLOT_SIZE,
-    MAGIC,
     MAX_EXIT_REASON,
     MAX_GROUPS,
     MAX_LISTED_RANKS,
     NOT_ENTERED,
-    OFF_CHECKS,
-    OFF_FINGERPRINTS,
-    OFF_GROUPS,
-    OFF_N_GROUPS,
     SIZE,
     UNTIMED,
-    VERSION,
     BeaconGroup,
     BeaconWriter,
     CheckState,
@@ -40,6 +32,16 @@ from watchdog.beacon import (
     beacon_path,
     open_beacon,
     read_beacon,
+)
+from watchdog.beacon.layout import (
+    ALL_WORLD,
+    GROUP_SLOT_SIZE,
+    MAGIC,
+    OFF_CHECKS,
+    OFF_FINGERPRINTS,
+    OFF_GROUPS,
+    OFF_N_GROUPS,
+    VERSION,
 )
 from watchdog.errors import BeaconError
 

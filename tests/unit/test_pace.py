@@ -19,12 +19,18 @@ from watchdog.model import JobState
 
 def test_the_hook_counts_gaps_from_its_first_step_on() -> None:
     pace = PaceTracker()
-    assert pace.observe(0, 0, 100.0) == Pace(100.0, 0.0, 0)
-    assert pace.observe(3, 0, 130.0) == Pace(130.0, 0.0, 0)  # start-up: no gap counted
-    assert pace.observe(6, 1, 131.0) == Pace(131.0, 0.0, 0)  # the first step's gap: start-up
-    assert pace.observe(9, 2, 131.5) == Pace(131.5, 0.5, 1)
-    assert pace.observe(9, 2, 135.0) == Pace(131.5, 0.5, 1)  # no change: no gap yet
-    assert pace.observe(12, 3, 135.25) == Pace(135.25, 0.5, 2)  # one long gap: not the pace
+
+    def observe(events: int, steps: int, now: float) -> tuple[float, Pace]:
+        """The pace, and when the progress it saw last changed."""
+        seen = pace.observe(events, steps, now)
+        return pace.progress_at, seen
+
+    assert observe(0, 0, 100.0) == (100.0, Pace(0.0, 0))
+    assert observe(3, 0, 130.0) == (130.0, Pace(0.0, 0))  # start-up: no gap counted
+    assert observe(6, 1, 131.0) == (131.0, Pace(0.0, 0))  # the first step's gap: start-up
+    assert observe(9, 2, 131.5) == (131.5, Pace(0.5, 1))
+    assert observe(9, 2, 135.0) == (131.5, Pace(0.5, 1))  # no change: no gap yet
+    assert observe(12, 3, 135.25) == (135.25, Pace(0.5, 2))  # one long gap: not the pace
 
 
 def test_a_long_gap_sets_the_pace_on_its_third_time_only() -> None:
@@ -54,8 +60,8 @@ def test_the_recorder_publishes_its_pace_into_the_beacon(tmp_path: Path) -> None
     recorder.publish()
     snap = read_beacon(open_beacon(recorder.writer.path))
     assert snap.steps == 2
-    assert snap.gaps == 1
-    assert 0 < snap.gap_p99 < 1.0
+    assert snap.pace.gaps == 1
+    assert 0 < snap.pace.gap_p99 < 1.0
     assert 0 < snap.progress_at <= snap.heartbeat
 
 
@@ -87,11 +93,12 @@ def test_a_change_is_dated_by_the_hooks_stamp_not_by_the_report() -> None:
 
 
 def test_a_job_is_paced_by_its_slowest_rank_once_each_stepped_enough() -> None:
-    job = view(*(joined(r, steps=PACED_STEPS, gaps=5, gap_p99=0.25 * (r + 1)) for r in range(4)))
+    job = view(*(joined(r, steps=PACED_STEPS, pace=Pace(gap_p99=0.25 * (r + 1), gaps=5))
+                 for r in range(4)))
     assert job.hook_p99 == 1.0
-    job.update("node-1", joined(3, steps=PACED_STEPS, gaps=5, gap_p99=0.25))
+    job.update("node-1", joined(3, steps=PACED_STEPS, pace=Pace(gap_p99=0.25, gaps=5)))
     assert job.hook_p99 == 0.75
-    assert view(joined(0, steps=PACED_STEPS - 1, gaps=2, gap_p99=1.0)).hook_p99 is None
+    assert view(joined(0, steps=PACED_STEPS - 1, pace=Pace(gap_p99=1.0, gaps=2))).hook_p99 is None
 
 
 def test_the_latest_hook_stamp_dates_the_jobs_progress() -> None:

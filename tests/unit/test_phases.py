@@ -14,7 +14,7 @@ from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.verdict import decide
-from watchdog.model import Activity, Frame, Kind, RankStack, RankState
+from watchdog.model import Activity, Frame, Kind, Pace, RankStack, RankState
 
 POLICY = StallPolicy()  # the defaults a user gets: floor 10 s, k 5, warm-up 60 s
 TICK = 0.25  # `watchdog run`'s report interval
@@ -133,12 +133,14 @@ def test_the_jobs_own_gaps_replace_the_hooks_once_known() -> None:
     """The hooks' pace is each rank's alone and counts every gap it saw, phases included: it
     starts the threshold off, and the job's own gaps take over as soon as there are enough."""
     job = JobView("job", POLICY)
-    job.update("node-0", rank(0, done(1, 0.0), steps=3, gaps=4, gap_p99=30.0), received=T0)
+    job.update("node-0", rank(0, done(1, 0.0), steps=3, pace=Pace(gap_p99=30.0, gaps=4)),
+               received=T0)
     job.observe(T0)
     assert job.threshold() == 150.0
     for tick in range(1, POLICY.min_samples + 1):
-        job.update("node-0", rank(0, done(1, 0.0), steps=3 + tick, events=200 + tick, gaps=4,
-                                  gap_p99=30.0, progress_age=0.0), received=T0 + tick)
+        job.update("node-0", rank(0, done(1, 0.0), steps=3 + tick, events=200 + tick,
+                                  pace=Pace(gap_p99=30.0, gaps=4), progress_age=0.0),
+                   received=T0 + tick)
         job.observe(T0 + tick)
     assert job.threshold() == POLICY.floor
 

@@ -18,6 +18,7 @@ from watchdog.model import (
     Frame,
     GroupProgress,
     NodeReport,
+    Pace,
     RankStack,
     RankState,
     StackReply,
@@ -32,8 +33,8 @@ RANK = RankState(
     last_event_at=1764680003.2,
     groups=(GroupProgress("0", (), 57, "all_reduce", 56, 1764680003.2),
             GroupProgress("1", (0, 1), 5, "all_reduce", 4, 1764680001.0)),
-    phase="checkpoint", phase_age=3.5, phase_timeout=600.0, progress_age=0.4, gap_p99=0.2,
-    gaps=212, activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0),
+    phase="checkpoint", phase_age=3.5, phase_timeout=600.0, progress_age=0.4,
+    pace=Pace(gap_p99=0.2, gaps=212), activity=Activity(5.0, 0.31, 0.35, 1250.0, 41e6, 87.0),
     evidence=CheckEvidence(
         checks=("replica_desync", "no_grad_sync"),
         fingerprints=(Fingerprint("parameters", "0", 0, 128, 2**64 - 1),

@@ -92,10 +92,11 @@ class JobView:
         if received is not None and state.progress_age is not None:
             at = received - state.progress_age  # the agent measured the age on its own clock
             self._progress_at = at if self._progress_at is None else max(self._progress_at, at)
-        paced = state.hooked and state.steps >= PACED_STEPS and state.gaps > 0
-        if self._paces.get(state.rank) != (state.gap_p99 if paced else None):
+        pace = state.pace
+        paced = state.hooked and state.steps >= PACED_STEPS and pace.gaps > 0
+        if self._paces.get(state.rank) != (pace.gap_p99 if paced else None):
             if paced:
-                self._paces[state.rank] = state.gap_p99
+                self._paces[state.rank] = pace.gap_p99
             else:
                 self._paces.pop(state.rank, None)
             self._pace = None

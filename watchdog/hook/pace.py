@@ -21,23 +21,22 @@ WINDOW = 256  # gaps kept: at 5 publishes a second, about a minute of a fast tra
 class PaceTracker:
     """Fed the rank's event count at each publish; not thread-safe (one publisher)."""
 
-    __slots__ = ("_at", "_counting", "_events", "_gaps", "_pace")
+    __slots__ = ("_counting", "_events", "_gaps", "_pace", "progress_at")
 
     def __init__(self) -> None:
         self._events = -1
-        self._at = 0.0
+        self.progress_at = 0.0  # when the event count last changed; 0: never
         self._counting = False
         self._gaps: deque[float] = deque(maxlen=WINDOW)
         self._pace = Pace()
 
     def observe(self, events: int, steps: int, now: float) -> Pace:
-        """The pace as of `now`, given the events and steps recorded so far."""
+        """The pace as of `now`, given the events and steps recorded so far; `progress_at`
+        becomes `now` when the events changed."""
         if events != self._events:
             if self._counting:
-                self._gaps.append(now - self._at)
-                self._pace = Pace(now, steady_p99(self._gaps), self._pace.gaps + 1)
-            else:
-                self._pace = Pace(now, self._pace.gap_p99, self._pace.gaps)
-            self._events, self._at = events, now
+                self._gaps.append(now - self.progress_at)
+                self._pace = Pace(gap_p99=steady_p99(self._gaps), gaps=self._pace.gaps + 1)
+            self._events, self.progress_at = events, now
             self._counting = steps >= 1
         return self._pace

@@ -199,7 +199,8 @@ class Recorder:
                       + sum(completed.values()))
             pace = self._pace.observe(events, steps, now)
             checks = self.checks.collect(steps, self.grad_syncs)
-            writer.publish(steps, entered, completed, now, pace, checks)
+            writer.publish(steps, entered, completed, now, pace, checks,
+                           progress_at=self._pace.progress_at)
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

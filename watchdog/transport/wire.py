@@ -17,6 +17,7 @@ from watchdog.model import (
     DATALOADER_WORKER,
     NO_ACTIVITY,
     NO_EVIDENCE,
+    NO_PACE,
     Activity,
     CheckEvidence,
     ChildStack,
@@ -25,6 +26,7 @@ from watchdog.model import (
     Frame,
     GroupProgress,
     NodeReport,
+    Pace,
     RankStack,
     RankState,
     StackReply,
@@ -193,8 +195,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         host=r.host, pid=r.pid, hooked=r.hooked, proc_state=r.proc_state, steps=r.steps,
         events=r.events, last_event_at=r.last_event_at,
         groups=[group_to_pb(g) for g in r.groups], phase=r.phase, phase_age=r.phase_age,
-        phase_timeout=r.phase_timeout, clean_exit=r.clean_exit, gap_p99=r.gap_p99,
-        gaps=r.gaps, attempt=r.attempt, setup=r.setup, rendezvous=r.rendezvous)
+        phase_timeout=r.phase_timeout, clean_exit=r.clean_exit, gap_p99=r.pace.gap_p99,
+        gaps=r.pace.gaps, attempt=r.attempt, setup=r.setup, rendezvous=r.rendezvous)
     if r.exit_reason is not None:
         m.exit_reason.CopyFrom(exit_reason_to_pb(r.exit_reason))
     if r.setup_age is not None:
@@ -230,8 +232,9 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     exited_at = m.exited_at if m.HasField("exited_at") else None
     progress_age = m.progress_age if m.HasField("progress_age") else None
     last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
+    gap_p99, gaps = m.gap_p99, m.gaps
     _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
-                 + (exited_at or 0.0) + (progress_age or 0.0) + m.gap_p99 + (setup_age or 0.0))
+                 + (exited_at or 0.0) + (progress_age or 0.0) + gap_p99 + (setup_age or 0.0))
     return RankState(
         job_id=job_id, rank=rank, local_rank=local_rank, world_size=world, host=host, pid=m.pid,
         hooked=m.hooked, proc_state=proc_state, heartbeat_age=heartbeat_age, steps=m.steps,
@@ -239,7 +242,9 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         groups=tuple([group_from_pb(g) for g in m.groups]), phase=phase, phase_age=phase_age,
         phase_timeout=phase_timeout, exited_at=exited_at,
         exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit,
-        progress_age=progress_age, gap_p99=m.gap_p99, gaps=m.gaps,
+        progress_age=progress_age,
+        # most ranks report no pace yet: no record of their own
+        pace=Pace(gap_p99=gap_p99, gaps=gaps) if gap_p99 or gaps else NO_PACE,
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
         attempt=m.attempt, setup=m.setup, setup_age=setup_age, rendezvous=m.rendezvous,
