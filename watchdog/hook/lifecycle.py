@@ -74,7 +74,7 @@ def install() -> bool:
         os.register_at_fork(after_in_child=_disable_in_child)
         # Imported here: only a rank, or a process that may become one, needs its patches (the
         # daemons import this package too).
-        from watchdog.hook.torch_patches import TorchPatches
+        from watchdog.hook.patches.install import TorchPatches
 
         patches = TorchPatches(recorder, functools.partial(_become_rank, recorder))
         after_import(patches.post_import_hooks(), recorder.fail)

@@ -22,6 +22,8 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from watchdog.beacon import (
     EXIT_CLEAN,
@@ -138,6 +140,11 @@ class Recorder:
             self.fail(e)
             return 0
 
+    def grad_synced(self) -> None:
+        """A collective that synchronizes gradients, or splits the model across ranks, was
+        called (the NO_GRAD_SYNC check counts the steps without one)."""
+        self.grad_syncs += 1
+
     def complete(self, slot: int, seq: int) -> None:
         self._completed[slot] = seq
 
@@ -166,6 +173,13 @@ class Recorder:
                 self._pending = None
             if self._steps >= self.check_at:
                 self._check()
+
+    def run_check(self, check: Callable[..., None], *args: Any) -> None:
+        """Run a check from the training thread: its fault disables the hook, never the job."""
+        try:
+            check(*args)
+        except Exception as e:
+            self.fail(e)
 
     def _check(self) -> None:
         try:
