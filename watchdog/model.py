@@ -9,10 +9,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# re-exported: the op the hook records for DDP's constructor, which the coordinator words
+from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
+
 WORLD_GROUP = "0"  # c10d names the default process group "0"
-# The op the hook records for DDP's constructor's shape check and parameter broadcast, which
-# torch issues from C++ (watchdog/hook/torch_patches.py: DDP_INIT_OP)
-DDP_INIT_OP = "ddp_init"
 
 
 class _Text(str, enum.Enum):
