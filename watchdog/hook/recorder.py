@@ -104,6 +104,16 @@ class Recorder:
         self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
         self.check_at = self.checks.first_check  # the step count at which checks are next due
 
+    def could_not_start(self) -> None:
+        """An armed process that could not become its rank (the caller said why): it records
+        nothing, for good, and tries no more."""
+        self.failed = True
+
+    def forked(self) -> None:
+        """This process is a forked child of the rank (a DataLoader worker): it shares the
+        rank's beacon mapping, so it must not write."""
+        self.enabled = False
+
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
         if self.failed:
