@@ -10,15 +10,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-# Imported "as" themselves: re-exported, for the code that sees only this module.
+# Imported "as" themselves: re-exported, for the code that sees only this module (the op is
+# the one the hook records for DDP's constructor, which the coordinator words).
 from watchdog.beacon.records import NO_PACE as NO_PACE
 from watchdog.beacon.records import Fingerprint as Fingerprint
 from watchdog.beacon.records import Pace as Pace
+from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
-# The op the hook records for DDP's constructor's shape check and parameter broadcast, which
-# torch issues from C++ (watchdog/hook/torch_patches.py: DDP_INIT_OP)
-DDP_INIT_OP = "ddp_init"
 
 
 class _Text(str, enum.Enum):

@@ -37,8 +37,9 @@ from watchdog.cli.demo import free_port  # noqa: E402
 from watchdog.cli.inject import BOOT_DIR  # noqa: E402
 from watchdog.hook.checks import CHECK_EVERY  # noqa: E402
 from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
+from watchdog.hook.patches.c10d import wrap_collective  # noqa: E402
+from watchdog.hook.patches.install import TorchPatches  # noqa: E402
 from watchdog.hook.recorder import Recorder  # noqa: E402
-from watchdog.hook.torch_patches import TorchPatches  # noqa: E402
 
 EVENTS = 1_000_000
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -77,8 +78,9 @@ def event_costs() -> None:
             return None
 
         patches = TorchPatches(recorder)
-        patches._slots[None] = slot  # as after init_process_group
-        wrapped = patches._collective(all_reduce, types.ModuleType("stand_in_c10d"))
+        patches.slots.cache[None] = slot  # as after init_process_group
+        wrapped = wrap_collective(all_reduce, types.ModuleType("stand_in_c10d"), recorder,
+                                  patches.slots, patches.works)
         bare_ns = min(per_call_ns(lambda: all_reduce(1), EVENTS) for _ in range(3))
         hooked_ns = min(per_call_ns(lambda: wrapped(1), EVENTS) for _ in range(3))
         print(f"(a) wrapped collective: {hooked_ns:.0f} ns vs {bare_ns:.0f} ns unwrapped: "

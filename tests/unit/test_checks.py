@@ -30,8 +30,8 @@ from watchdog.hook.checks import (
     parameter_values,
     parse_checks,
 )
+from watchdog.hook.patches.install import TorchPatches
 from watchdog.hook.recorder import Recorder
-from watchdog.hook.torch_patches import TorchPatches
 from watchdog.model import CHECK_KINDS
 
 ALL = frozenset(CHECK_NAMES)
@@ -228,7 +228,7 @@ def test_steps_without_a_gradient_collective_are_counted_by_the_publisher(
     rec = recorder(tmp_path, frozenset({"no_grad_sync"}))
     steps(rec, 3)
     assert published(rec).unsynced_steps == 3
-    rec.grad_syncs += 1
+    rec.grad_synced()
     steps(rec, 1)
     assert published(rec).unsynced_steps == 0
     steps(rec, 2)

@@ -27,8 +27,9 @@ from watchdog.beacon import (
 )
 from watchdog.hook import lifecycle
 from watchdog.hook.exit_reason import INNERMOST, describe
+from watchdog.hook.patches.install import TorchPatches
+from watchdog.hook.patches.setup import rank_and_world, rendezvous
 from watchdog.hook.recorder import Recorder
-from watchdog.hook.torch_patches import TorchPatches, _rank_and_world, _rendezvous
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")
 
@@ -225,15 +226,15 @@ def test_an_exception_whose_message_cannot_be_formatted_still_gives_a_record() -
 ])
 def test_the_rank_init_process_group_is_given(arguments: dict[str, Any], env: dict[str, str],
                                               expected: tuple[int, int]) -> None:
-    assert _rank_and_world(arguments, env) == expected
+    assert rank_and_world(arguments, env) == expected
 
 
 def test_where_the_ranks_meet() -> None:
     master = {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29500"}
-    assert _rendezvous({}, master) == "env://10.0.0.9:29500"
-    assert _rendezvous({"init_method": "env://"}, {}) == "env://?:?"
-    assert _rendezvous({"init_method": "tcp://h:1?rank=0&world_size=2"}, master) == "tcp://h:1"
-    assert _rendezvous({"store": object()}, master) == "a store the program created"
+    assert rendezvous({}, master) == "env://10.0.0.9:29500"
+    assert rendezvous({"init_method": "env://"}, {}) == "env://?:?"
+    assert rendezvous({"init_method": "tcp://h:1?rank=0&world_size=2"}, master) == "tcp://h:1"
+    assert rendezvous({"store": object()}, master) == "a store the program created"
 
 
 def test_an_exit_is_timed_when_sys_exit_is_called_not_at_atexit(tmp_path: Path) -> None:
@@ -286,7 +287,7 @@ def test_ddps_constructor_collectives_count_on_its_group(tmp_path: Path) -> None
     pytest.importorskip("torch")  # patch_ddp hands torch to the checks
     recorder = make_recorder(tmp_path)
     patches, group = TorchPatches(recorder), object()
-    patches._slots[group] = recorder.writer.group_slot("0", (0, 1), 2)  # as DDP's group is
+    patches.slots.cache[group] = recorder.writer.group_slot("0", (0, 1), 2)  # as DDP's group is
 
     def seen() -> tuple[str, int, int]:
         world = published(recorder).groups[0]

@@ -108,8 +108,12 @@ def test_the_hook_loads_no_grpc_protobuf_agent_or_daemon_code(start: str) -> Non
 
 def test_the_coordinator_never_loads_the_hooks_torch_patches() -> None:
     loaded = reachable("watchdog.coordinator", lazy=False)
-    assert "watchdog.hook.torch_patches" not in loaded
+    assert not any(within(m, ("watchdog.hook.patches",)) for m in loaded)
     assert not any(within(m, ("torch",)) for m in loaded)
+
+
+def test_the_list_of_collectives_the_hook_and_coordinator_share_is_stdlib_only() -> None:
+    assert sorted(m for m in direct_imports("watchdog.collectives") if within(m, OWN)) == []
 
 
 def test_nothing_outside_the_cli_imports_it() -> None:

@@ -133,8 +133,8 @@ def test_a_stall_no_rule_explains_is_still_reported() -> None:
 
 def test_the_watchdogs_own_wrapper_is_never_the_top_of_a_stack() -> None:
     """FSDP2's waiters sit in the hook's Work.wait wrapper, inside the all-gather."""
-    wait = Frame("TorchPatches._patch_work_wait.<locals>.wait",
-                 str(Path(watchdog.__file__).parent / "hook" / "torch_patches.py"), 296)
+    wait = Frame("patch_work_wait.<locals>.wait",
+                 str(Path(watchdog.__file__).parent / "hook" / "patches" / "works.py"), 58)
     gather = Frame("all_gather_single", f"{SITE}/torch/distributed/distributed_c10d.py", 4386)
     groups = stack_groups({0: RankStack(0, 1, (wait, gather, Frame("forward", TRAIN, 20)))})
     assert groups == [{"ranks": [0], "top": "all_gather_single (distributed_c10d.py:4386)"}]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from watchdog.collectives import WAITS_FOR_PEERS
 from watchdog.model import (
     DATALOADER_WORKER,
     WORLD_GROUP,
@@ -31,18 +32,7 @@ from watchdog.paths import HOOK_DIR, is_library_source
 HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
 # "T" only: "t" is a tracing stop, which is what our own py-spy dump looks like while it runs.
 _STOPPED_STATES = frozenset("T")
-_COLLECTIVE_FUNCTIONS = frozenset(
-    {
-        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-        "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-        "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
-        "scatter_object_list", "barrier", "monitored_barrier", "send", "recv",
-        # torch 2.13's names, which FSDP2 calls from its Python hooks
-        "all_gather_single", "reduce_scatter_single",
-        # DDP's gradient all-reduce runs inside the autograd engine: its waiters sit here.
-        "run_backward", "_engine_run_backward",
-    }
-)  # fmt: skip
+_COLLECTIVE_FUNCTIONS = WAITS_FOR_PEERS  # the hook records the same names as ops
 # Where a rank waits for its GPU: a CUDA wait spins on the CPU, so CPU time there is no progress.
 _DEVICE_WAIT_FUNCTIONS = frozenset(
     {

@@ -206,7 +206,7 @@ class Checks:
     def __init__(self, enabled: frozenset[str], every: int, steps: Callable[[], int]) -> None:
         self.enabled = enabled
         self.every = every
-        self.torch: Any = None  # set when DDP is patched: torch is imported by then
+        self.torch: Any = None  # given when DDP is patched (`use_torch`): imported by then
         self.batch_due = False  # read in every DDP forward: a batch is to be fingerprinted
         self._steps = steps
         self._modules: list[_Module] = []
@@ -229,6 +229,10 @@ class Checks:
         return FIRST_CHECK if self.enabled & steps_checks else sys.maxsize
 
     # -- training thread --
+    def use_torch(self, torch: Any) -> None:
+        """Compute fingerprints with `torch`, given once DDP is patched."""
+        self.torch = torch
+
     def wrapped(self, ddp: Any) -> None:
         """A DistributedDataParallel module was just constructed."""
         ordinal, self._wrapped = self._wrapped, self._wrapped + 1

@@ -74,7 +74,7 @@ def install() -> bool:
         os.register_at_fork(after_in_child=_disable_in_child)
         # Imported here: only a rank, or a process that may become one, needs its patches (the
         # daemons import this package too).
-        from watchdog.hook.torch_patches import TorchPatches
+        from watchdog.hook.patches.install import TorchPatches
 
         patches = TorchPatches(recorder, functools.partial(_become_rank, recorder))
         after_import(patches.post_import_hooks(), recorder.fail)
@@ -136,7 +136,7 @@ def _become_rank(recorder: Recorder, rank: int, world_size: int) -> None:
     try:
         _start(recorder, _identity(os.environ, rank, world_size, os.getpid()))
     except Exception as e:
-        recorder.failed = True
+        recorder.could_not_start()
         _not_installed(e)
 
 
@@ -145,7 +145,7 @@ def _disable_in_child() -> None:
     The child of an armed process stays armed: `start_processes(..., start_method="fork")`
     forks the ranks."""
     if _recorder is not None and _recorder.writer is not None:
-        _recorder.enabled = False
+        _recorder.forked()
 
 
 def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:

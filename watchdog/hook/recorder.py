@@ -22,6 +22,8 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from watchdog.beacon import (
     EXIT_CLEAN,
@@ -102,6 +104,16 @@ class Recorder:
         self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
         self.check_at = self.checks.first_check  # the step count at which checks are next due
 
+    def could_not_start(self) -> None:
+        """An armed process that could not become its rank (the caller said why): it records
+        nothing, for good, and tries no more."""
+        self.failed = True
+
+    def forked(self) -> None:
+        """This process is a forked child of the rank (a DataLoader worker): it shares the
+        rank's beacon mapping, so it must not write."""
+        self.enabled = False
+
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
         if self.failed:
@@ -138,6 +150,11 @@ class Recorder:
             self.fail(e)
             return 0
 
+    def grad_synced(self) -> None:
+        """A collective that synchronizes gradients, or splits the model across ranks, was
+        called (the NO_GRAD_SYNC check counts the steps without one)."""
+        self.grad_syncs += 1
+
     def complete(self, slot: int, seq: int) -> None:
         self._completed[slot] = seq
 
@@ -166,6 +183,13 @@ class Recorder:
                 self._pending = None
             if self._steps >= self.check_at:
                 self._check()
+
+    def run_check(self, check: Callable[..., None], *args: Any) -> None:
+        """Run a check from the training thread: its fault disables the hook, never the job."""
+        try:
+            check(*args)
+        except Exception as e:
+            self.fail(e)
 
     def _check(self) -> None:
         try:
