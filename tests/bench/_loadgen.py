@@ -26,6 +26,8 @@ import grpc
 
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.sessions import Sessions
+from watchdog.coordinator.stack_requests import StackRequests
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore, incident_json
 from watchdog.model import (
@@ -256,6 +258,21 @@ async def _agents(conn: Connection, address: str, sim: SimJob, nodes_per_channel
                            for agent in agents))
 
 
+class _TimedStackRequests(StackRequests):
+    """The real stack requests, timed: how long each gathering took, into `gathers`."""
+
+    def __init__(self, sessions: Sessions, gathers: list[float]) -> None:
+        super().__init__(sessions)
+        self.gathers = gathers
+
+    async def gather(self, job: JobView, ranks: tuple[int, ...],
+                     samples: int = 1) -> dict[int, RankStack]:
+        start = time.perf_counter()
+        stacks = await super().gather(job, ranks, samples)
+        self.gathers.append(time.perf_counter() - start)
+        return stacks
+
+
 class CountingCoordinator(Coordinator):
     """The real Coordinator, plus counters: what it ingested, when it started a diagnosis (and
     what that evaluation tick cost), how long the stacks took, when each incident came out."""
@@ -266,6 +283,7 @@ class CountingCoordinator(Coordinator):
         self.rank_states = 0
         self.detections: list[tuple[float, float]] = []  # (unix time, evaluate_all seconds)
         self.gathers: list[float] = []
+        self.stacks = _TimedStackRequests(self.sessions, self.gathers)
         self.incidents: list[dict[str, Any]] = []
         self.listeners.append(self._record)
 
@@ -280,12 +298,6 @@ class CountingCoordinator(Coordinator):
         if tasks:
             self.detections.append((time.time(), time.perf_counter() - start))
         return tasks
-
-    async def gather_stacks(self, job: JobView, ranks: tuple[int, ...]) -> dict[int, RankStack]:
-        start = time.perf_counter()
-        stacks = await super().gather_stacks(job, ranks)
-        self.gathers.append(time.perf_counter() - start)
-        return stacks
 
     def _record(self, incident: dict[str, Any]) -> None:
         at = time.time()

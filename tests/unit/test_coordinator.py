@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from test_verdict import JOB, T0, done, entered, raised, rank
 
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, service
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import settle as settling
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
 from watchdog.model import NodeReport, RankState
@@ -164,7 +165,7 @@ def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> d
         await asyncio.wait_for(hub.settled(), settle + 5.0)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(service, "EXIT_SETTLE_S", settle)
+        patch.setattr(settling, "EXIT_SETTLE_S", settle)
         asyncio.run(scenario())
     assert len(told) == 1
     return told[0]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from watchdog.beacon import MAX_LISTED_RANKS
 from watchdog.coordinator import evidence as _evidence
 from watchdog.coordinator.verdict import decide
+from watchdog.coordinator.view import StallView
 from watchdog.model import (
     DATALOADER_WORKER,
     ChildStack,
@@ -381,7 +382,7 @@ def test_summary_names_the_dataloader_worker_a_rank_waits_for() -> None:
                                     dataclasses.replace(STUCK_WORKER, moved=True)])
 def test_a_working_dataloader_worker_is_its_ranks_progress(worker: ChildStack) -> None:
     job = with_children(IDLE_WORKER, worker)
-    sign = _evidence.StallView.of(job).progress(1)
+    sign = StallView.of(job).alive[1].progress
     assert sign == ("its DataLoader worker 1 (pid 5001) using 98% of a core" if worker.cpu else
                     "its DataLoader worker 1 (pid 5001) running Python (its stack moving)")
     verdict = decide(job)

@@ -1,7 +1,8 @@
 """What the evidence says about one rank, one stack and one process group (runs in the coordinator).
 
-Shared by the verdict engine and the incident builder, so that the per-rank table an incident
-carries says the same thing the verdict was decided on.
+Pure functions of a rank's state and stacks. `view.RankEvidence` asks each of them once per
+rank and snapshot, for the verdict engine and the incident builder alike, so that the per-rank
+table an incident carries says the same thing the verdict was decided on.
 """
 
 from __future__ import annotations
@@ -246,13 +247,14 @@ def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
     return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
 
 
-def wedge_reason(rank: RankState, stack: RankStack | None, stalled_for: float) -> str:
-    """Why a live process cannot be making progress ('is stopped (state T)'), or ''. A process
+def wedge_reason(rank: RankState, stopped: bool, progress: str) -> str:
+    """Why a live process cannot be making progress ('is stopped (state T)'), or '', given
+    whether it is stopped (`is_stopped`) and what shows it works (`progress_sign`). A process
     in D state or with a stale heartbeat that shows progress (an fsync, native code working
     while it holds the GIL) is busy, not wedged."""
-    if is_stopped(rank, stack):
+    if stopped:
         return f"is stopped (state {rank.proc_state or 'T'})"
-    if progress_sign(rank, stack, stalled_for):
+    if progress:
         return ""
     if rank.alive and rank.proc_state == "D":
         return "is in uninterruptible sleep (state D)"
@@ -333,116 +335,3 @@ def group_members(snapshot: JobSnapshot, group: str) -> tuple[int, ...]:
     if not declared and group == WORLD_GROUP:
         return tuple(range(snapshot.world_size))
     return tuple(sorted(declared | having))
-
-
-@dataclass(frozen=True)
-class Frontier:
-    """The furthest collective any live member of one group entered, and who is there or behind."""
-
-    group: str
-    members: tuple[int, ...]
-    seq: int
-    arrived: Mapping[int, GroupProgress]
-    behind: tuple[int, ...]
-
-    @functools.cached_property
-    def waiters(self) -> tuple[int, ...]:
-        return tuple(rank for rank, progress in self.arrived.items() if progress.pending)
-
-    @property
-    def all_waiting(self) -> bool:
-        return len(self.waiters) == len(self.arrived)
-
-    def ranks_by_op(self) -> dict[str, list[int]]:
-        by_op: dict[str, list[int]] = {}
-        for rank, progress in self.arrived.items():
-            by_op.setdefault(progress.entered_op, []).append(rank)
-        return by_op
-
-    def ref(self, op: str) -> CollectiveRef:
-        return CollectiveRef(self.group, self.members, self.seq, op)
-
-    def since(self, ranks: Iterable[int]) -> float:
-        return min(self.arrived[rank].entered_at for rank in ranks)
-
-
-@dataclass(frozen=True)
-class StallView:
-    """The live ranks of a stalled job, their stacks and each group's frontier."""
-
-    snapshot: JobSnapshot
-    alive: Mapping[int, RankState]
-    frontiers: tuple[Frontier, ...]
-    furthest: Mapping[str, int]
-
-    @classmethod
-    def of(cls, snapshot: JobSnapshot) -> StallView:
-        alive = {r.rank: r for r in sorted(snapshot.ranks, key=lambda r: r.rank) if r.alive}
-        names = sorted({p.group for r in alive.values() for p in r.groups})
-        frontiers = (_frontier(snapshot, alive, name) for name in names)
-        return cls(snapshot, alive, tuple(f for f in frontiers if f is not None),
-                   furthest_entered(alive.values()))
-
-    @property
-    def stack_only(self) -> bool:
-        return not any(rank.groups for rank in self.alive.values())
-
-    def frames(self, rank: int) -> Sequence[Frame]:
-        stack = self.snapshot.stacks.get(rank)
-        return stack.frames if stack is not None else ()
-
-    def stack_says_waiting(self, rank: int) -> bool | None:
-        """Whether the rank's stack sits in a collective; None without a stack."""
-        frames = self.frames(rank)
-        return collective_frame(frames) is not None if frames else None
-
-    def waiting(self, rank: int) -> bool:
-        return waits_in_collective(self.alive[rank], self.snapshot.stacks.get(rank),
-                                   self.furthest)
-
-    def waiters(self, excluding: Iterable[int] = ()) -> tuple[int, ...]:
-        skip = set(excluding)
-        return tuple(r for r in self.alive if r not in skip and self.waiting(r))
-
-    def progress(self, rank: int) -> str:
-        """What shows that the rank works (see `progress_sign`), or ''."""
-        return progress_sign(self.alive[rank], self.snapshot.stacks.get(rank),
-                             self.snapshot.stalled_for)
-
-    def blameable(self, rank: int) -> bool:
-        """Neither waiting in a collective nor inside a phase that still has time left."""
-        return not self.waiting(rank) and not in_open_phase(self.alive[rank])
-
-    def waits_with_others(self, rank: int) -> bool:
-        """Pending in a collective that other ranks wait in too: a stale heartbeat or D state
-        there is the wait itself, not its cause. A stopped process is never merely waiting."""
-        state = self.alive[rank]
-        if is_stopped(state, self.snapshot.stacks.get(rank)):
-            return False
-        return any(
-            (same := peer.group(progress.group)) is not None
-            and same.pending
-            and same.entered_seq == progress.entered_seq
-            for progress in state.groups
-            if progress.pending
-            for peer in self.alive.values()
-            if peer.rank != rank
-        )
-
-    def waiting_in(self, rank: int) -> CollectiveRef | None:
-        progress = latest_pending(self.alive[rank])
-        if progress is None:
-            return None
-        members = group_members(self.snapshot, progress.group)
-        return CollectiveRef(progress.group, members, progress.entered_seq, progress.entered_op)
-
-
-def _frontier(snapshot: JobSnapshot, alive: Mapping[int, RankState], name: str) -> Frontier | None:
-    members = group_members(snapshot, name)
-    reached = {r: alive[r].group(name) for r in members if r in alive and alive[r].hooked}
-    seq = max((p.entered_seq for p in reached.values() if p is not None), default=0)
-    if seq == 0:
-        return None
-    arrived = {r: p for r, p in reached.items() if p is not None and p.entered_seq == seq}
-    behind = tuple(r for r, p in reached.items() if p is None or p.entered_seq < seq)
-    return Frontier(name, members, seq, arrived, behind)

@@ -11,16 +11,12 @@ from watchdog.coordinator.evidence import (
     dead_worker,
     finished_cleanly,
     frame_site,
-    furthest_entered,
     is_library_frame,
-    is_stopped,
-    progress_sign,
     python_frames,
     top_frame,
-    waits_in_collective,
-    wedge_reason,
 )
 from watchdog.coordinator.findings import Finding
+from watchdog.coordinator.view import RankEvidence, rank_evidence
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (
     DATALOADER_WORKER,
@@ -99,26 +95,21 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
 
 def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:
     """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
-    furthest = furthest_entered(snapshot.ranks)
-    return [_rank_row(snapshot, rank, furthest)
-            for rank in sorted(snapshot.ranks, key=lambda r: r.rank)]
+    return [_rank_row(snapshot, seen) for seen in rank_evidence(snapshot).values()]
 
 
-def _rank_state(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]
-                ) -> RankStatus:
-    stack = snapshot.stacks.get(rank.rank)
-    if not rank.alive:
-        return RankStatus.FINISHED if finished_cleanly(rank) else RankStatus.EXITED
-    if is_stopped(rank, stack):
+def _rank_state(snapshot: JobSnapshot, seen: RankEvidence) -> RankStatus:
+    if not seen.state.alive:
+        return RankStatus.FINISHED if finished_cleanly(seen.state) else RankStatus.EXITED
+    if seen.stopped:
         return RankStatus.STOPPED
-    if wedge_reason(rank, stack, snapshot.stalled_for):
+    if seen.wedged:
         return RankStatus.WEDGED
-    if waits_in_collective(rank, stack, furthest):
+    if seen.waiting:
         return RankStatus.WAITING
     if not snapshot.stalled:
         return RankStatus.RUNNING
-    busy = progress_sign(rank, stack, snapshot.stalled_for)
-    return RankStatus.BUSY if busy else RankStatus.STALLED
+    return RankStatus.BUSY if seen.progress else RankStatus.STALLED
 
 
 def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
@@ -142,15 +133,15 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
     ]
 
 
-def _rank_row(snapshot: JobSnapshot, rank: RankState, furthest: Mapping[str, int]
-              ) -> dict[str, Any]:
-    stack = snapshot.stacks.get(rank.rank) or RankStack(rank.rank, rank.pid)
+def _rank_row(snapshot: JobSnapshot, seen: RankEvidence) -> dict[str, Any]:
+    rank = seen.state
+    stack = seen.stack or RankStack(rank.rank, rank.pid)
     return {
         "rank": rank.rank,
         "host": rank.host,
         "node": snapshot.rank_nodes.get(rank.rank, rank.host),
         "pid": rank.pid,
-        "state": _rank_state(snapshot, rank, furthest),
+        "state": _rank_state(snapshot, seen),
         "step": rank.steps,
         "last_collective": _last_collective(rank),
         "setup": rank.setup or None,

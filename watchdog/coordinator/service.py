@@ -6,8 +6,8 @@ stored before anyone hears of it, so a crash after that loses nothing; when the 
 it is told all the same and stored once the database works again (`persist`). A notice whose
 rank moved on is stored again with `ended_at`, and its end told to `ended_listeners`. Which
 agent may report which node and answer which request: `sessions`; which ranks a job trusts:
-`admission`. Where a rank raised, the verdict waits a moment for its peers' exits
-(`_settle_exits`): ranks that raise one error are named together.
+`admission`. A diagnosis gathers stacks (`stack_requests`), waits a moment for the exits of
+the peers of a rank that raised (`settle`) and judges (`diagnosis`).
 A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
 long the coordinator runs.
 """
@@ -25,14 +25,15 @@ from typing import Any
 
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
-from watchdog.coordinator.evidence import culprit_place
+from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
 from watchdog.coordinator.hearing import Hearing
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_rows
-from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView, is_hang
+from watchdog.coordinator.jobs import JobView, is_hang
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
+from watchdog.coordinator.settle import settle_exits
+from watchdog.coordinator.stack_requests import StackRequests
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.store import IncidentStore
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
@@ -40,9 +41,7 @@ from watchdog.model import (
     JobSnapshot,
     Kind,
     NodeReport,
-    RankStack,
     Severity,
-    StackReply,
     Verdict,
 )
 from watchdog.text import printable
@@ -50,17 +49,11 @@ from watchdog.transport.rpc import AgentMessage, AgentSession
 
 log = logging.getLogger(__name__)
 
-STACK_WAIT_S = 10.0
 STACK_SAMPLES = 3  # stacks of each rank when a job stalled: does its Python move?
-RECHECK_S = 10.0  # a stall whose ranks work is looked at again after this long
 SAVE_WAIT_S = 1.0  # how long an incident waits for the database before it is told anyway
-STACK_INTERVAL_S = 2.0  # a job's stacks at most this often: each dump pauses its ranks
 JOB_RETENTION_S = 600.0
 MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
 SWEEP_S = 5.0
-# Ranks that raise one error exit milliseconds apart, yet their exits come in different reports
-# (each agent reports once a second): a verdict on the first alone would blame one of them.
-EXIT_SETTLE_S = 2.0
 
 IncidentListener = Callable[[dict[str, Any]], None]
 # A notice that ended (with `ended_at`), and how long its stall lasted, in seconds.
@@ -83,7 +76,7 @@ class Coordinator:
         self.admission = Admission(policy)
         self.hearing = Hearing(tick)
         self._job_seen: dict[str, float] = {}
-        self._stacks_asked: dict[str, float] = {}  # job id -> monotonic time
+        self.stacks = StackRequests(self.sessions)
         self._swept_at = 0.0
         self._in_flight: set[asyncio.Task[None]] = set()  # diagnoses and findings being told
         self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
@@ -146,7 +139,7 @@ class Coordinator:
     def _forget_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
         self._job_seen.pop(job_id, None)
-        self._stacks_asked.pop(job_id, None)
+        self.stacks.forget(job_id)
         self.admission.forget(job_id)
 
     def forget_old(self, now: float) -> None:
@@ -210,7 +203,7 @@ class Coordinator:
 
     async def settled(self) -> None:
         """Wait for the diagnoses begun so far: the job ended, and what they find is still
-        said (an exit waiting for its peers' exits, `_settle_exits`, above all)."""
+        said (an exit waiting for its peers' exits, `settle`, above all)."""
         await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     def _judge_all(self, now: float) -> list[asyncio.Task[None]]:
@@ -256,85 +249,27 @@ class Coordinator:
 
     async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool,
                         early: bool = False) -> None:
-        """Judge the job with its stacks in hand; `early`: a look during the warm-up, whose
-        verdict stands only on evidence of a rank idle while its peers wait."""
+        """Judge the job with its stacks in hand (`diagnosis`); `early`: a look during the
+        warm-up."""
         started = time.monotonic()
         try:
-            await self._settle_exits(job)
+            await settle_exits(job, self.tick)
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
-            stacks = await self.gather_stacks(job, live, STACK_SAMPLES if stalled else 1)
+            stacks = await self.stacks.gather(job, live, STACK_SAMPLES if stalled else 1)
             now = time.time()
-            if self._late_but_alive(job, unreachable, stacks, now):
+            if late_but_alive(job, unreachable, stacks, self.hearing, now):
                 job.hold(now + RECHECK_S)
                 return
             snapshot = job.snapshot(now, stacks, unreachable, early)
-            verdict = decide(snapshot)
-            if early and verdict is not None and not early_verdict_stands(snapshot, verdict):
-                verdict = None  # start-up that shows work, or no waiter: the warm-up goes on
-            if verdict is None:  # progress resumed, or every rank works: look again later
-                job.busy = snapshot.stalled and not early
-                # an early look again soon, but never past the end of the warm-up grace
-                job.hold(now + min(RECHECK_S, job.threshold() - snapshot.stalled_for
-                                   if early else RECHECK_S))
-                return
-            if job.stacks_only and job.stacks_moved(stacks):
-                return  # no hook: a changed stack was the only sign of progress, and here it is
-            if not self._hold(job, snapshot, verdict, now):
+            verdict = verdict_to_tell(job, snapshot, now, early)
+            if verdict is not None:
                 await self._report(job, snapshot, verdict, now)
                 metrics.VERDICT_SECONDS.observe(time.monotonic() - started)
         except Exception:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
             job.evaluating = False
-
-    def _late_but_alive(self, job: JobView, unreachable: tuple[str, ...],
-                        stacks: dict[int, RankStack], now: float) -> bool:
-        """Whether a node taken for unreachable answered for its ranks' stacks just now: its
-        agent lives, only its reports are late (a slow scan), so its ranks' state is not known
-        yet and nothing can be said."""
-        answered = {job.nodes.get(rank) for rank in stacks}
-        late = [node for node in unreachable if node in answered]
-        if late:
-            log.warning("job %s: node %s answered for stacks but sent no report for %.0f s; "
-                        "looking again later", printable(job.job_id), printable(late[0]),
-                        self.hearing.age(late[0], now))
-        return bool(late)
-
-    async def _settle_exits(self, job: JobView) -> None:
-        """Where a rank raised, give its peers' exits EXIT_SETTLE_S to arrive, so that ranks
-        that raised the same error are named together; no longer once every rank exited, or
-        every live rank finished a step since (they train on: they did not raise)."""
-        if not any(r.exit_reason is not None and r.exit_reason.exception
-                   for r in job.ranks.values() if not r.alive):
-            return
-        steps = {r.rank: r.steps for r in job.ranks.values() if r.alive}
-        deadline = time.monotonic() + EXIT_SETTLE_S
-        while time.monotonic() < deadline and not job.everyone_left:
-            if all(r.steps > steps.get(r.rank, r.steps) for r in job.ranks.values() if r.alive):
-                return
-            await asyncio.sleep(self.tick)
-
-    @staticmethod
-    def _hold(job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> bool:
-        """Whether to say nothing now, and when to look again: a stall where an earlier one
-        ended by itself, that has not lasted as long yet; a notice already said."""
-        if verdict.kind is Kind.RANK_EXITED:
-            return False
-        job.place = culprit_place(snapshot, verdict.culprit_ranks)
-        expected = job.expected(job.place)
-        if snapshot.stalled_for < expected:
-            job.hold(now + expected - snapshot.stalled_for)
-            log.info("job %s: a stall at %s ended by itself after %.0f s before; waiting",
-                     job.job_id, job.place, expected / LEARNED_MARGIN)
-            return True
-        if verdict.severity is not Severity.HANG:  # again soon, and when the busy timeout passes
-            job.busy = True
-            job.hold(now + min(RECHECK_S, snapshot.busy_timeout - snapshot.stalled_for))
-            announced = job.incident if job.incident_open else None  # a notice is said once
-            return announced is not None and (announced["kind"], announced["culprit_ranks"]) == (
-                verdict.kind, list(verdict.culprit_ranks))
-        return False
 
     def _report_findings(self, job: JobView, now: float) -> list[asyncio.Task[None]]:
         """Each new finding of the job, stored and told in a task of its own; a fault here is
@@ -408,31 +343,3 @@ class Coordinator:
             return None
         stored: dict[str, Any] = json.loads(latest)
         return stored if all(stored[k] == incident[k] for k in key) else None
-
-    async def gather_stacks(self, job: JobView, ranks: tuple[int, ...],
-                            samples: int = 1) -> dict[int, RankStack]:
-        """Ask each node's agent for its ranks' stacks (`samples` each, spread over about a
-        second); wait a bounded time for each. A job's stacks are asked for at most once every
-        STACK_INTERVAL_S (this waits for its turn)."""
-        last = self._stacks_asked.get(job.job_id)
-        if last is not None:
-            await asyncio.sleep(max(0.0, last + STACK_INTERVAL_S - time.monotonic()))
-        self._stacks_asked[job.job_id] = time.monotonic()
-        by_node: dict[str, list[int]] = {}
-        for rank in ranks:
-            by_node.setdefault(job.nodes.get(rank, ""), []).append(rank)
-        asked: list[tuple[int, asyncio.Future[StackReply]]] = []
-        for node, local in by_node.items():
-            session = self.sessions.session_of(node)
-            request = None if session is None else self.sessions.ask(
-                session, job.job_id, tuple(local), samples)
-            if request is not None:
-                asked.append(request)
-        if asked:
-            await asyncio.wait([reply for _, reply in asked], timeout=STACK_WAIT_S)
-        stacks: dict[int, RankStack] = {}
-        for request_id, reply in asked:
-            self.sessions.forget(request_id)
-            if reply.done():
-                stacks.update((s.rank, s) for s in reply.result().stacks)
-        return stacks
