@@ -1,5 +1,5 @@
 """A long-running coordinator forgets what it should (a script, not a test):
-`python tests/bench/coordinator_soak.py [--jobs 20000]`.
+`python -m tests.bench.coordinator_soak [--jobs 20000]`.
 
 A real `watchdog coordinator` process is fed short jobs over loopback gRPC by one agent (the real
 CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment, then
@@ -29,11 +29,8 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from watchdog.cli.demo import free_port  # noqa: E402
-from watchdog.model import (  # noqa: E402
+from watchdog.cli.demo import free_port
+from watchdog.model import (
     Frame,
     GroupProgress,
     NodeReport,
@@ -41,7 +38,7 @@ from watchdog.model import (  # noqa: E402
     RankState,
     StackReply,
 )
-from watchdog.transport import AgentMessage, CoordinatorClient  # noqa: E402
+from watchdog.transport import AgentMessage, CoordinatorClient
 
 REPORT_INTERVAL_S = 0.1
 RUN_S, DYING_S, GONE_S = 0.6, 0.8, 0.4  # a job's phases: running, rank 1 exited, both exited

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _harness import stored
+from tests.helpers.harness import stored
 
 EXIT_HANG_KILLED = 3
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _harness import FLOOR_S, assert_called_at, fault_time, stored
+from tests.helpers.harness import FLOOR_S, assert_called_at, fault_time, stored
 
 EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import (
+
+from tests.helpers.harness import (
     FLOOR_S,
     JOB_TIMEOUT_S,
     WARMUP_S,
@@ -25,7 +26,6 @@ from _harness import (
     stop_process,
     watched_run,
 )
-
 from watchdog.cli.demo import torchrun_command
 
 EXIT_HANG_KILLED = 3

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import (
+from tests.helpers.harness import (
     FLOOR_S,
     JOB_TIMEOUT_S,
     assert_called_at,
@@ -23,7 +23,6 @@ from _harness import (
     wait_for_output,
     watched_run,
 )
-
 from watchdog.cli.demo import torchrun_command
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 

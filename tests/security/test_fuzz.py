@@ -15,11 +15,20 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _attack import AS_NOBODY, NOBODY, Daemon, agent, coordinator, job, scratch_dir, wait_for
-from _attack import worker as fake_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.attack import (
+    AS_NOBODY,
+    NOBODY,
+    Daemon,
+    agent,
+    coordinator,
+    job,
+    scratch_dir,
+    wait_for,
+)
+from tests.helpers.attack import worker as fake_worker
 from watchdog.beacon import SIZE
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc

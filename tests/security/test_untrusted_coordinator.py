@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from _attack import AS_NOBODY, HERE, agent, clean_env, scratch_dir, wait_for, worker
+
+from tests.helpers.attack import (
+    AS_NOBODY,
+    ATTACKERS,
+    agent,
+    clean_env,
+    scratch_dir,
+    wait_for,
+    worker,
+)
 
 LISTENER = """
 import socket, sys, time
@@ -64,7 +73,8 @@ def test_a_coordinator_cannot_keep_a_job_paused_with_stack_requests(tmp_path: Pa
     with scratch_dir() as scratch:
         beacons = scratch / "torch-hang-watchdog"
         flood = subprocess.Popen(
-            [*AS_NOBODY, sys.executable, str(HERE / "flooding_coordinator.py"), "paused", "40"],
+            [*AS_NOBODY, sys.executable, str(ATTACKERS / "flooding_coordinator.py"), "paused",
+             "40"],
             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/")
         try:
             assert flood.stdout is not None
