@@ -158,6 +158,15 @@ async def judge_edges(feeder: Feeder, address: str) -> None:
             job.verdict = await asyncio.to_thread(verdict_of, address, job.job_id)
 
 
+async def forgotten(address: str, deadline: float) -> int:
+    """The jobs the coordinator still follows once it follows none, or at `deadline`."""
+    followed = len((await asyncio.to_thread(status, address))["jobs"])
+    while followed and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        followed = len((await asyncio.to_thread(status, address))["jobs"])
+    return followed
+
+
 async def soak(total: int, every: float, address: str, proc: psutil.Process) -> list[str]:
     feeder = Feeder(total, every)
     client = CoordinatorClient(address)
@@ -168,9 +177,9 @@ async def soak(total: int, every: float, address: str, proc: psutil.Process) -> 
     await feeder.feed()
     lines = await watching
     await edges
-    await asyncio.sleep(RETENTION_S + 6)  # the coordinator sweeps every 5 s
-    followed = len((await asyncio.to_thread(status, address))["jobs"])
-    lines.append(f"after {RETENTION_S + 6:.0f}s of silence: RSS "
+    silent = time.monotonic()
+    followed = await forgotten(address, silent + RETENTION_S + 6)  # it sweeps every 5 s
+    lines.append(f"after {time.monotonic() - silent:.0f}s of silence: RSS "
                  f"{proc.memory_info().rss / MIB:6.1f} MiB, jobs followed {followed}")
     lines.append(f"{total} jobs fed in {time.monotonic() - begin:.0f}s; stack requests answered: "
                  f"{feeder.answered}")

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +58,10 @@ def test_a_root_agent_never_follows_a_users_master_addr(token: bool) -> None:
                     agent(scratch, beacons, *flags) as node:
                 wait_for(lambda: "tracking rank 0 of job lure" in node.output(),
                          "the agent to find the job")
-                time.sleep(2.5)  # sessions start every 0.5-1 s: one would follow the job by now
+                # A session that began once the job was known would have followed it: two
+                # session ends logged after the job was found, the second such session did.
+                wait_for(lambda: node.output().partition("tracking rank 0 of job lure")[2]
+                         .count("; retrying in ") >= 2, "a session after the job was found")
                 log = node.output()
         finally:
             listener.kill()
