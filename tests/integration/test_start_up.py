@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
     FLOOR_S,
     JOB_TIMEOUT_S,
     WARMUP_S,
@@ -28,7 +29,6 @@ from tests.helpers.harness import (
 )
 from watchdog.cli.demo import torchrun_command
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 SPAWN_JOB = str(Path(__file__).parents[1] / "jobs" / "spawn_job.py")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
     FLOOR_S,
     JOB_TIMEOUT_S,
     assert_called_at,
@@ -26,7 +27,6 @@ from tests.helpers.harness import (
 from watchdog.cli.demo import torchrun_command
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")
 
 
