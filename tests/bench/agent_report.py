@@ -1,5 +1,5 @@
 """What the agent's progress evidence costs and shows (a script, not a test):
-`python tests/bench/agent_report.py [--ranks 8] [--reports 400]`.
+`python -m tests.bench.agent_report [--ranks 8] [--reports 400]`.
 
 (a) The agent's CPU per report for N local ranks: each rank a real process with a real beacon
     (written by BeaconWriter, published 5 times a second, as the hook does), each report reading
@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from agent import activity, procfs
+from agent.daemon import Agent
 
-from agent import activity, procfs  # noqa: E402
-from agent.daemon import Agent  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RANK = """
 import os, sys, threading, time

@@ -1,4 +1,4 @@
-"""What the silent-bug checks cost (a script, not a test): `python tests/bench/checks_overhead.py`.
+"""What the silent-bug checks cost (a script, not a test): `python -m tests.bench.checks_overhead`.
 
 In this process, on a DDP module in a one-rank gloo group, through the hook's own Checks:
 (a) the main-thread work of one check on the MLP of hook_overhead.py (fingerprint of the
@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from watchdog.beacon import CHECK_NAMES  # noqa: E402
-from watchdog.hook.checks import CHECK_EVERY, Checks  # noqa: E402
+from watchdog.beacon import CHECK_NAMES
+from watchdog.hook.checks import CHECK_EVERY, Checks
 
 BIG_LAYERS = 6  # Linear(4096, 4096) each: 100.7M parameters in all
 RUNS = {"small": 2000, "big": 5}

@@ -1,4 +1,4 @@
-"""How the coordinator scales (a script, not a test): `python tests/bench/coordinator_scale.py`.
+"""How the coordinator scales (a script, not a test): `python -m tests.bench.coordinator_scale`.
 
 For each job size (ranks, 8 per node) and each way of sending the world group's member list
 ("full": every rank lists all world_size members, as the agent does today; "compact": the list
@@ -43,11 +43,7 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _loadgen import (  # noqa: E402
+from tests.helpers.loadgen import (
     RANKS_PER_NODE,
     REPORT_INTERVAL_S,
     SimJob,
@@ -55,15 +51,16 @@ from _loadgen import (  # noqa: E402
     run_agents,
     serve_coordinator,
 )
+from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.store import IncidentStore, incident_json
+from watchdog.coordinator.verdict import decide
+from watchdog.model import Kind, NodeReport
+from watchdog.transport import wire as _wire
+from watchdog.transport.proto import watchdog_pb2 as pb
 
-from watchdog.coordinator.incident import build_incident  # noqa: E402
-from watchdog.coordinator.service import Coordinator  # noqa: E402
-from watchdog.coordinator.stall import StallPolicy  # noqa: E402
-from watchdog.coordinator.store import IncidentStore, incident_json  # noqa: E402
-from watchdog.coordinator.verdict import decide  # noqa: E402
-from watchdog.model import Kind, NodeReport  # noqa: E402
-from watchdog.transport import wire as _wire  # noqa: E402
-from watchdog.transport.proto import watchdog_pb2 as pb  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 STALL_TIMEOUT_S = 5.0
 SETTLE_S = 2.0  # after every rank is known, before measuring

@@ -1,5 +1,5 @@
 """A long-running coordinator forgets what it should (a script, not a test):
-`python tests/bench/coordinator_soak.py [--jobs 20000]`.
+`python -m tests.bench.coordinator_soak [--jobs 20000]`.
 
 A real `watchdog coordinator` process is fed short jobs over loopback gRPC by one agent (the real
 CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment, then
@@ -29,11 +29,8 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from watchdog.cli.demo import free_port  # noqa: E402
-from watchdog.model import (  # noqa: E402
+from watchdog.cli.demo import free_port
+from watchdog.model import (
     Frame,
     GroupProgress,
     NodeReport,
@@ -41,7 +38,7 @@ from watchdog.model import (  # noqa: E402
     RankState,
     StackReply,
 )
-from watchdog.transport import AgentMessage, CoordinatorClient  # noqa: E402
+from watchdog.transport import AgentMessage, CoordinatorClient
 
 REPORT_INTERVAL_S = 0.1
 RUN_S, DYING_S, GONE_S = 0.6, 0.8, 0.4  # a job's phases: running, rank 1 exited, both exited
@@ -161,6 +158,15 @@ async def judge_edges(feeder: Feeder, address: str) -> None:
             job.verdict = await asyncio.to_thread(verdict_of, address, job.job_id)
 
 
+async def forgotten(address: str, deadline: float) -> int:
+    """The jobs the coordinator still follows once it follows none, or at `deadline`."""
+    followed = len((await asyncio.to_thread(status, address))["jobs"])
+    while followed and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        followed = len((await asyncio.to_thread(status, address))["jobs"])
+    return followed
+
+
 async def soak(total: int, every: float, address: str, proc: psutil.Process) -> list[str]:
     feeder = Feeder(total, every)
     client = CoordinatorClient(address)
@@ -171,9 +177,9 @@ async def soak(total: int, every: float, address: str, proc: psutil.Process) -> 
     await feeder.feed()
     lines = await watching
     await edges
-    await asyncio.sleep(RETENTION_S + 6)  # the coordinator sweeps every 5 s
-    followed = len((await asyncio.to_thread(status, address))["jobs"])
-    lines.append(f"after {RETENTION_S + 6:.0f}s of silence: RSS "
+    silent = time.monotonic()
+    followed = await forgotten(address, silent + RETENTION_S + 6)  # it sweeps every 5 s
+    lines.append(f"after {time.monotonic() - silent:.0f}s of silence: RSS "
                  f"{proc.memory_info().rss / MIB:6.1f} MiB, jobs followed {followed}")
     lines.append(f"{total} jobs fed in {time.monotonic() - begin:.0f}s; stack requests answered: "
                  f"{feeder.answered}")

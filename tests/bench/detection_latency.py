@@ -1,5 +1,5 @@
 """How long after a rank stops a hang is named, at the defaults a user gets (a script, not a
-test): `python tests/bench/detection_latency.py [--runs 3] [--steps 6 60] [--hogs 0]
+test): `python -m tests.bench.detection_latency [--runs 3] [--steps 6 60] [--hogs 0]
 [--evaluation 0]`.
 
 Each run is `watchdog run --on-hang kill` over a 4-rank torchrun job (gloo, CPU) in which
@@ -19,12 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
-
-from _harness import fault_time, job_env, run_command, watched_run  # noqa: E402
-
-from watchdog.cli.demo import torchrun_command  # noqa: E402
+from tests.helpers.harness import fault_time, job_env, run_command, watched_run
+from watchdog.cli.demo import torchrun_command
 
 FLOOR_S = 10.0  # --stall-floor's default
 HOG = "while True: pass"

@@ -1,6 +1,6 @@
 """Benchmark: `watchdog explain` over a ~1 GB synthetic log, to show speed and constant memory.
 
-Run from the repository root: `PYTHONPATH=. python tests/bench/explain_big_log.py [--gb 1.0]`.
+Run from the repository root: `python -m tests.bench.explain_big_log [--gb 1.0]`.
 The log mixes NCCL INFO lines, training progress and torchrun warnings with a few errors in
 every block; it is written by repeating one pre-built block and deleted afterwards.
 """

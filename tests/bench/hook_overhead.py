@@ -1,4 +1,4 @@
-"""What the hook costs (a script, not a test): `python tests/bench/hook_overhead.py`.
+"""What the hook costs (a script, not a test): `python -m tests.bench.hook_overhead`.
 
 (a) ns per recorded event: the recorder's enter+complete path, and a wrapped collective minus the
     same call unwrapped (a no-op stand-in, so no communication noise hides the difference); and
@@ -29,17 +29,16 @@ import types
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from watchdog.beacon import BeaconWriter, Identity
+from watchdog.cli.demo import free_port
+from watchdog.cli.inject import BOOT_DIR
+from watchdog.hook.checks import CHECK_EVERY
+from watchdog.hook.lifecycle import PUBLISH_INTERVAL
+from watchdog.hook.patches.c10d import wrap_collective
+from watchdog.hook.patches.install import TorchPatches
+from watchdog.hook.recorder import Recorder
 
-from watchdog.beacon import BeaconWriter, Identity  # noqa: E402
-from watchdog.cli.demo import free_port  # noqa: E402
-from watchdog.cli.inject import BOOT_DIR  # noqa: E402
-from watchdog.hook.checks import CHECK_EVERY  # noqa: E402
-from watchdog.hook.lifecycle import PUBLISH_INTERVAL  # noqa: E402
-from watchdog.hook.patches.c10d import wrap_collective  # noqa: E402
-from watchdog.hook.patches.install import TorchPatches  # noqa: E402
-from watchdog.hook.recorder import Recorder  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 EVENTS = 1_000_000
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -1,6 +1,6 @@
-"""The HTML report of a large hang (a script, not a test): `python tests/bench/html_report.py`.
+"""The HTML report of a large hang (a script, not a test): `python -m tests.bench.html_report`.
 
-For each job size, a synthetic DDP job as the coordinator sees it (tests/bench/_loadgen.py's
+For each job size, a synthetic DDP job as the coordinator sees it (tests/helpers/loadgen.py's
 SimJob: one rank stuck reading data, every other rank waiting in the next all_reduce, NCCL
 warnings on a few ranks), diagnosed by the real verdict engine and built into a real incident.
 Prints: the incident JSON's size, the time `watchdog.report` takes to render it (CPU), the
@@ -15,24 +15,17 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-
-from _browser import chromium  # noqa: E402
-from _loadgen import SimJob  # noqa: E402
-
-from watchdog.coordinator.incident import build_incident  # noqa: E402
-from watchdog.coordinator.stall import StallPolicy  # noqa: E402
-from watchdog.coordinator.verdict import decide  # noqa: E402
-from watchdog.report import incident_html  # noqa: E402
+from tests.helpers.browser import chromium
+from tests.helpers.loadgen import SimJob
+from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.stall import StallPolicy
+from watchdog.coordinator.verdict import decide
+from watchdog.report import incident_html
 
 NCCL_WARN = ("node-{node:05d}:{pid}:{tid} [{local}] misc/socket.cc:49 NCCL WARN socketProgress: "
              "Connection closed by remote peer node-{peer:05d}<42107>")

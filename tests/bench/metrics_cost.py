@@ -1,5 +1,5 @@
 """What the Prometheus metrics cost the coordinator (a script, not a test):
-`python tests/bench/metrics_cost.py [--ranks 16384]`.
+`python -m tests.bench.metrics_cost [--ranks 16384]`.
 
 Prints, in CPU time of this process: one node report ingested with and without its counter
 (the counter's share of ingest), one sample of the coordinator's gauges (jobs by state, ranks:
@@ -14,9 +14,9 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from _loadgen import RANKS_PER_NODE, SimJob
 from prometheus_client import generate_latest
 
+from tests.helpers.loadgen import RANKS_PER_NODE, SimJob
 from watchdog import metrics
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator.gauges import sample

@@ -1,5 +1,4 @@
-"""Fixtures for integration tests, and a preflight that stops the run at once, with the fix, when
-py-spy is missing or the kernel forbids attaching to a process."""
+"""Fixtures for integration tests (py-spy and ptrace are checked first: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,27 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import chromium
-from _harness import (  # noqa: F401 (machine_share: a fixture every test here takes)
+
+from tests.helpers.browser import chromium
+from tests.helpers.harness import (  # noqa: F401 (machine_share: a fixture every test here takes)
     JOB_TIMEOUT_S,
     WatchedRun,
     job_env,
     machine_share,
-    preflight,
     run_command,
     watched_run,
 )
-
+from tests.helpers.secured import certs  # noqa: F401 (a CA and certificates, per test module)
 from watchdog.cli.demo import torchrun_command
 from watchdog.demo import TRAIN_SCRIPT
-from watchdog.errors import PtraceDeniedError, PySpyMissingError, WatchdogError
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    try:
-        preflight()
-    except (PySpyMissingError, PtraceDeniedError, WatchdogError) as e:
-        pytest.exit(f"integration tests need py-spy and ptrace: {e}", returncode=4)
 
 
 @pytest.fixture

@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import FLOOR_S, assert_called_at, fault_time, stored
 
-EXIT_HANG_KILLED = 3
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
+    FLOOR_S,
+    FSDP2,
+    assert_called_at,
+    fault_time,
+    stored,
+)
+
 CHECKPOINT_S = 30.0  # the demo job's --fault-seconds
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
-FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
 
 
 def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(

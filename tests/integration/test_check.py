@@ -7,8 +7,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from _harness import JOB_TIMEOUT_S, WATCHDOG, job_env
-
+from tests.helpers.harness import JOB_TIMEOUT_S, WATCHDOG, job_env
 from watchdog.cli.demo import free_port
 
 

@@ -3,47 +3,16 @@ by plain torchrun (no hook), and `watchdog status` / `watchdog incidents` readin
 
 from __future__ import annotations
 
-import json
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import WATCHDOG, job_env, stop_process, stored
 
-from watchdog.cli.demo import free_port, torchrun_command
-
-DIAGNOSIS_DEADLINE_S = 120
-JOB_ID = "daemons-test-job"
-
-
-class Daemons:
-    """One coordinator and one agent, each of which a test may kill and restart."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
-        self.env = job_env(tmp_path)
-        self.logs: list[str] = []
-        self.coordinator = self.start_coordinator()
-        self.agent = self._spawn("agent", "--coordinator", self.address, "--interval", "0.25",
-                                 "--node-name", "node-a")
-
-    def _spawn(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*WATCHDOG, *args], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-
-    def start_coordinator(self) -> subprocess.Popen[str]:
-        return self._spawn("coordinator", "--listen", self.address, "--stall-timeout", "3")
-
-    def kill_coordinator(self) -> None:
-        self.coordinator.kill()  # SIGKILL: no chance to clean up
-        self.logs.append(self.coordinator.communicate()[0])
-
-    def stop(self) -> None:
-        self.logs += [stop_process(proc) for proc in (self.agent, self.coordinator)]
+from tests.helpers.daemons import Daemons, end_job, job_incidents, start_job, wait_for_verdict
+from tests.helpers.harness import WATCHDOG, job_env
+from watchdog.cli.demo import free_port
 
 
 @pytest.fixture
@@ -54,45 +23,6 @@ def daemons(tmp_path: Path) -> Iterator[Daemons]:
     finally:
         d.stop()
         print("\n---\n".join(d.logs))
-
-
-def status(address: str) -> dict[str, Any] | None:
-    """`watchdog status --json`, or None while the coordinator is not up yet."""
-    out = subprocess.run([*WATCHDOG, "status", "--json", "--coordinator", address],
-                         capture_output=True, text=True, timeout=30)
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def wait_for_verdict(address: str) -> dict[str, Any]:
-    """The view of this test's job once it has a verdict (the agent sees every torchrun job on
-    the machine; this one is known by its WATCHDOG_JOB_ID)."""
-    deadline = time.monotonic() + DIAGNOSIS_DEADLINE_S
-    while time.monotonic() < deadline:
-        jobs = (status(address) or {"jobs": []})["jobs"]
-        ours = [job for job in jobs if job["job_id"] == JOB_ID]
-        if ours and ours[0]["verdict"] is not None:
-            return ours[0]
-        time.sleep(1)
-    raise AssertionError(f"no verdict within {DIAGNOSIS_DEADLINE_S}s: {status(address)}")
-
-
-def start_job(tmp_path: Path, *prefix: str) -> subprocess.Popen[str]:
-    """The demo job with rank 2 stuck in its data pipeline; `prefix` may inject the hook."""
-    cmd = [*prefix, *torchrun_command(4, "--fault", "data_stall", "--fault-rank", "2",
-                                      "--fault-step", "4")]
-    return subprocess.Popen(cmd, env={**job_env(tmp_path), "WATCHDOG_JOB_ID": JOB_ID},
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def end_job(job: subprocess.Popen[str]) -> None:
-    job.send_signal(signal.SIGTERM)
-    job.communicate(timeout=60)
-
-
-def job_incidents(tmp_path: Path) -> list[dict[str, Any]]:
-    """The stored incidents of this test's job (the agent sees other tests' jobs too)."""
-    return [incident for incident in stored(tmp_path) if incident["job_id"] == JOB_ID]
 
 
 def culprit_functions(verdict: dict[str, Any]) -> list[str]:

@@ -9,9 +9,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from _harness import FLOOR_S, WATCHDOG, assert_called_at, fault_time, job_env
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
+    FLOOR_S,
+    WATCHDOG,
+    assert_called_at,
+    fault_time,
+    job_env,
+)
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 
 

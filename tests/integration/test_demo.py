@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from _harness import JOB_TIMEOUT_S, WATCHDOG, job_env
+from tests.helpers.harness import JOB_TIMEOUT_S, WATCHDOG, job_env
 
 
 def test_demo_names_rank_2_and_keeps_the_jobs_noise_apart(tmp_path: Path) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _harness import stored
-
-EXIT_HANG_KILLED = 3
+from tests.helpers.harness import EXIT_HANG_KILLED, stored
 
 
 def test_a_rank_killed_by_sigkill_is_said_to_be(watch: Any) -> None:

@@ -11,14 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
-from _harness import WATCHDOG, job_env, stop_process
-from _scrape import scrape, value
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_security import REFUSED_CODE, STATUS, Certs, certs, coordinator, raw_call, token_file
 
+from tests.helpers.harness import WATCHDOG, job_env, stop_process
+from tests.helpers.scrape import scrape, value
+from tests.helpers.secured import REFUSED_CODE, STATUS, Certs, coordinator, raw_call, token_file
 from watchdog.cli.demo import free_port
 
-__all__ = ["certs"]  # the module-scoped fixture, shared with test_security
 DEADLINE_S = 60
 
 

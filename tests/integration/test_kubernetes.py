@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from _kustomize import Doc, comparable, kubectl_kustomize, render
+
+from tests.helpers.kustomize import Doc, comparable, kubectl_kustomize, render
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 CREDENTIALS = ("token", "ca.crt", "tls.crt", "tls.key")
@@ -38,7 +39,7 @@ def test_the_small_renderer_agrees_with_kustomize(example: Path) -> None:
     rendered = kubectl_kustomize(example)
     if rendered is None:
         pytest.skip("no kubectl here: the manifests were rendered by tests/integration/"
-                    "_kustomize.py alone")
+                    "tests/helpers/kustomize.py alone")
     assert comparable(render(example)) == comparable(rendered)
 
 

@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _harness import FLOOR_S, assert_called_at, fault_time, stored
+from tests.helpers.harness import EXIT_HANG_KILLED, FLOOR_S, assert_called_at, fault_time, stored
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 LIGHTNING_JOB = str(Path(__file__).parents[1] / "jobs" / "lightning_job.py")
 FAULT_STEP = 46  # a few steps after the validation at step 40

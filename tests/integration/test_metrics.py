@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _harness import WATCHDOG, job_env
-from _scrape import scrape, value
 from prometheus_client.samples import Sample
 
+from tests.helpers.harness import WATCHDOG, job_env
+from tests.helpers.scrape import scrape, value
 from watchdog.cli.demo import free_port, torchrun_command
 
 PREFIX = "torch_hang_watchdog_"

@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import FLOOR_S, assert_called_at, fault_time, job_env, stop_process, stored
-from test_daemons import WATCHDOG, status
 
+from tests.helpers.daemons import status
+from tests.helpers.harness import (
+    FLOOR_S,
+    WATCHDOG,
+    assert_called_at,
+    fault_time,
+    job_env,
+    stop_process,
+    stored,
+)
 from watchdog.cli.demo import TRAIN_SCRIPT, free_port
 
 DEADLINE_S = 150

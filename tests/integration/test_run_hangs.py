@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-EXIT_HANG_KILLED = 3
+from tests.helpers.harness import EXIT_HANG_KILLED
+
 PIPELINE = str(Path(__file__).parents[1] / "jobs" / "pipeline.py")
 
 

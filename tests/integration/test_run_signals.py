@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _harness import JOB_TIMEOUT_S, WATCHDOG, job_env, stop_process
+from tests.helpers.harness import JOB_TIMEOUT_S, WATCHDOG, job_env, stop_process
 
 KILLED = 128 + signal.SIGKILL  # `watchdog run` exits as the job did: here, killed
 

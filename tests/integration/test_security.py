@@ -8,29 +8,37 @@ send bytes of our choosing.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import logging
 import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from _harness import WATCHDOG, wait_for_output
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.harness import WATCHDOG
+from tests.helpers.secured import (
+    CONNECT,
+    INVALID,
+    OK,
+    REFUSED_CODE,
+    STATUS,
+    TOKEN,
+    Certs,
+    Daemon,
+    coordinator,
+    raw_call,
+    token_file,
+    write_key,
+)
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.service import Coordinator
 from watchdog.coordinator.stall import StallPolicy
@@ -43,68 +51,11 @@ from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
 from watchdog.transport.rpc import CoordinatorClient, start_server
 from watchdog.transport.wire import MAX_MESSAGE_BYTES
 
-TOKEN = "3f1c9e0b7a5d4c2e8f6a1b0c9d8e7f6a"
-STATUS = "/torch_hang_watchdog.v1.Coordinator/Status"
-CONNECT = "/torch_hang_watchdog.v1.Coordinator/Connect"
-OK, INVALID, REFUSED_CODE = (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
-                             grpc.StatusCode.UNAUTHENTICATED)
-
-
-@dataclass
-class Daemon:
-    address: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-
-@contextmanager
-def coordinator(tmp: Path, *flags: str) -> Iterator[Daemon]:
-    address = f"127.0.0.1:{free_port()}"
-    log = tmp / f"coordinator-{address.rsplit(':')[1]}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([*WATCHDOG, "coordinator", "--listen", address, "--db",
-                                 str(tmp / "incidents.db"), *flags],
-                                stdout=out, stderr=subprocess.STDOUT)
-    daemon = Daemon(address, proc, log)
-    try:
-        wait_for_output(proc, daemon.output, "listening on")
-        yield daemon
-    finally:
-        proc.terminate()
-        proc.wait(15)
-
-
-def token_file(tmp: Path, token: str = TOKEN, mode: int = 0o600) -> str:
-    path = tmp / f"token-{token[:8]}-{mode:o}"
-    path.write_text(token + "\n")
-    path.chmod(mode)
-    return str(path)
-
 
 def watchdog_status(address: str, *flags: str,
                     env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*WATCHDOG, "status", "--json", "--coordinator", address, *flags],
                           capture_output=True, text=True, timeout=60, env=env)
-
-
-def raw_call(address: str, method: str, payload: bytes,
-             token: str | None = None) -> grpc.StatusCode:
-    """Send `payload` as the one request message of `method`, as bytes; the call's status."""
-    metadata = ClientSecurity(token).metadata()
-    with grpc.insecure_channel(address) as channel:
-        try:
-            if method == STATUS:
-                channel.unary_unary(method)(payload, timeout=20, metadata=metadata)
-            else:
-                for _ in channel.stream_stream(method)(iter([payload]), timeout=20,
-                                                       metadata=metadata):
-                    pass
-        except grpc.RpcError as e:
-            return e.code()
-    return OK
 
 
 def jobs(address: str, token: str | None = None) -> list[str]:
@@ -307,59 +258,6 @@ def test_without_a_token_only_loopback_is_served_with_a_warning(
 
 # -- TLS -------------------------------------------------------------------------------------
 
-PLAIN_KEY = serialization.NoEncryption()
-
-
-@dataclass
-class Certs:
-    ca: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    client_key: str
-    other_key: str
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey,
-               encryption: serialization.KeySerializationEncryption = PLAIN_KEY) -> str:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8, encryption))
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate."""
-    tmp = tmp_path_factory.mktemp("certs")
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "watchdog test CA")])
-
-    def issue(name: x509.Name, key: ec.EllipticCurvePrivateKey,
-              extension: x509.ExtensionType, critical: bool) -> bytes:
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(ca_name)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(hours=1))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(extension, critical=critical).sign(ca_key, hashes.SHA256()))
-        return cert.public_bytes(serialization.Encoding.PEM)
-
-    (tmp / "ca.pem").write_bytes(issue(ca_name, ca_key, x509.BasicConstraints(True, None), True))
-    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
-        ec.SECP256R1())
-    (tmp / "server.pem").write_bytes(issue(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coordinator")]), server_key,
-        x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                     x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False))
-    (tmp / "client.pem").write_bytes(issue(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agent")]), client_key,
-        x509.SubjectAlternativeName([x509.DNSName("agent")]), False))
-    return Certs(str(tmp / "ca.pem"), str(tmp / "server.pem"),
-                 _write_key(tmp / "server.key", server_key), str(tmp / "client.pem"),
-                 _write_key(tmp / "client.key", client_key),
-                 _write_key(tmp / "other.key", ec.generate_private_key(ec.SECP256R1())))
-
 
 def test_tls_status_works_and_plaintext_fails(certs: Certs, tmp_path: Path) -> None:
     async def serve_and_ask() -> tuple[str, BaseException]:
@@ -411,7 +309,7 @@ def test_unusable_tls_files_are_named(certs: Certs, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"key {certs.other_key} does not go with certificate "
                                          f"{certs.server_cert}"):
         server_security(None, certs.server_cert, certs.other_key, None)
-    encrypted = _write_key(tmp_path / "encrypted.key", ec.generate_private_key(ec.SECP256R1()),
+    encrypted = write_key(tmp_path / "encrypted.key", ec.generate_private_key(ec.SECP256R1()),
                            serialization.BestAvailableEncryption(b"secret"))
     with pytest.raises(UsageError, match=f"key {encrypted} is encrypted"):
         client_security(None, certs.ca, certs.client_cert, encrypted)

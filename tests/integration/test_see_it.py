@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import screenshot
-from _harness import WATCHDOG, job_env, stop_process
 
+from tests.helpers.browser import screenshot
+from tests.helpers.harness import WATCHDOG, job_env, stop_process
 from watchdog.cli.demo import torchrun_command
 
 DIAGNOSIS_DEADLINE_S = 120

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from test_busy_or_hung import EXIT_HANG_KILLED, FSDP2, stored
+from tests.helpers.harness import EXIT_HANG_KILLED, FSDP2, stored
 
 DEFAULTS = ("--on-hang", "kill")  # every threshold and check at its default
 STEPS = ("--steps", "40")  # checks at steps 8, 16 and 32; an epoch is 16 steps

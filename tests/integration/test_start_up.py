@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import (
+
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
     FLOOR_S,
     JOB_TIMEOUT_S,
     WARMUP_S,
@@ -25,10 +27,8 @@ from _harness import (
     stop_process,
     watched_run,
 )
-
 from watchdog.cli.demo import torchrun_command
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 SPAWN_JOB = str(Path(__file__).parents[1] / "jobs" / "spawn_job.py")
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _harness import WATCHDOG, job_env, stop_process
-from _scrape import scrape, value
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_security import Certs, certs, token_file
 
+from tests.helpers.harness import WATCHDOG, job_env, stop_process
+from tests.helpers.scrape import scrape, value
+from tests.helpers.secured import Certs, token_file
 from watchdog.cli.demo import free_port
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
@@ -35,8 +35,6 @@ AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"}
 UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 SYSTEM_PYTHON = "/usr/bin/python3"
 STARTUP_S = 60
-
-__all__ = ["certs"]  # the module-scoped fixture, shared with test_security
 
 
 @dataclass

@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _harness import JOB_TIMEOUT_S, WARMUP_S, WATCHDOG, job_env, stored
-
+from tests.helpers.harness import JOB_TIMEOUT_S, WARMUP_S, WATCHDOG, job_env, stored
 from watchdog.cli.demo import torchrun_command
 
 WAIT_FOR_FILE = str(Path(__file__).parents[1] / "jobs" / "wait_for_file.py")

@@ -23,14 +23,14 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from _browser import screenshot
-from _harness import WATCHDOG, job_env, wait_for_output
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from test_daemons import JOB_ID, Daemons, end_job, start_job, wait_for_verdict
 
+from tests.helpers.browser import screenshot
+from tests.helpers.daemons import JOB_ID, Daemons, end_job, start_job, wait_for_verdict
+from tests.helpers.harness import WATCHDOG, job_env, wait_for_output
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.store import IncidentStore
 from watchdog.model import (
@@ -87,7 +87,7 @@ def web_coordinator(tmp: Path, *flags: str, web_host: str = "127.0.0.1") -> Iter
 # -- a real job ------------------------------------------------------------------------------
 
 class WebDaemons(Daemons):
-    """test_daemons' coordinator and agent, the coordinator with its web view on."""
+    """tests.helpers.daemons' coordinator and agent, the coordinator with its web view on."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.web = f"127.0.0.1:{free_port()}"

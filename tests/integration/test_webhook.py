@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _harness import WATCHDOG, job_env, stop_process
-from _receiver import HANG, receiving
-from _scrape import scrape, value
-from test_daemons import end_job, job_incidents, start_job, wait_for_verdict
 
+from tests.helpers.daemons import end_job, job_incidents, start_job, wait_for_verdict
+from tests.helpers.harness import WATCHDOG, job_env, stop_process
+from tests.helpers.receiver import HANG, receiving
+from tests.helpers.scrape import scrape, value
 from watchdog import metrics
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.webhook import Webhooks, check_url

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import (
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
     FLOOR_S,
     JOB_TIMEOUT_S,
     assert_called_at,
@@ -23,11 +24,9 @@ from _harness import (
     wait_for_output,
     watched_run,
 )
-
 from watchdog.cli.demo import torchrun_command
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 
-EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")
 
 

@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import subprocess
 
-from _attack import AS_NOBODY, NOBODY, agent, coordinator, job, scratch_dir, wait_for, worker
-
+from tests.helpers.attack import (
+    AS_NOBODY,
+    NOBODY,
+    agent,
+    coordinator,
+    job,
+    scratch_dir,
+    wait_for,
+    worker,
+)
 from watchdog.beacon import SIZE
 
 

@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from _attack import AS_DAEMON, AS_NOBODY, NOBODY, clean_env, scratch_dir, worker
-
 from agent.table import WorkerTable
+from tests.helpers.attack import AS_DAEMON, AS_NOBODY, NOBODY, clean_env, scratch_dir, worker
 
 HOOKED = ("import os, sys, watchdog\n"
           "print(os.getpid(), flush=True)\n"

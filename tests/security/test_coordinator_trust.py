@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from _attack import (
+from tests.helpers.attack import (
     AS_NOBODY,
-    HERE,
+    ATTACKERS,
     NOBODY,
     agent,
     clean_env,
@@ -31,7 +31,7 @@ from _attack import (
 @contextmanager
 def rogue(address: str, token: str, node: str, job_id: str) -> Iterator[str]:
     """The rogue agent, as nobody, until the block ends; yields its first line."""
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(HERE / "rogue_agent.py"), address,
+    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "rogue_agent.py"), address,
                              token, node, job_id], stdout=subprocess.PIPE, text=True,
                             env=clean_env(), cwd="/")
     try:

@@ -9,7 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _attack import AS_NOBODY, WATCHDOG, agent, clean_env, coordinator, scratch_dir, verdict
+from tests.helpers.attack import (
+    AS_NOBODY,
+    WATCHDOG,
+    agent,
+    clean_env,
+    coordinator,
+    scratch_dir,
+    verdict,
+)
 
 SECRET = "SECRET-7f3a9c1e"
 VISIBLE = "VISIBLE-b41d"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from _attack import (
+from tests.helpers.attack import (
     AS_NOBODY,
     agent,
     clean_env,

@@ -15,12 +15,23 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _attack import AS_NOBODY, NOBODY, Daemon, agent, coordinator, job, scratch_dir, wait_for
-from _attack import worker as fake_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.attack import (
+    AS_NOBODY,
+    NOBODY,
+    Daemon,
+    agent,
+    coordinator,
+    job,
+    scratch_dir,
+    wait_for,
+)
+from tests.helpers.attack import worker as fake_worker
+from tests.helpers.scrape import scrape, value
 from watchdog.beacon import SIZE
+from watchdog.cli.demo import free_port
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
 
@@ -36,8 +47,14 @@ doubles = st.floats(allow_nan=True, allow_infinity=True)
 # -- beacon files under a live agent ---------------------------------------------------------
 
 class Node:
-    def __init__(self, scratch: Path, coord: Daemon, node: Daemon, target: Path) -> None:
+    def __init__(self, scratch: Path, coord: Daemon, node: Daemon, target: Path,
+                 metrics: int) -> None:
         self.scratch, self.coord, self.node, self.target = scratch, coord, node, target
+        self.metrics = metrics  # the coordinator's /metrics port
+
+    def reports(self) -> float:
+        """Node reports the coordinator took: each one follows a scan of the agent's."""
+        return value(scrape(self.metrics), "torch_hang_watchdog_reports_total") or 0.0
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +62,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     with scratch_dir() as scratch:
         beacons = scratch / "torch-hang-watchdog"
         spec = {"beacon_dir": str(beacons), "rank": 0, "world": 1}
-        with coordinator(scratch) as coord, fake_worker({**spec, "job": "fuzzed"}, AS_NOBODY), \
+        metrics = free_port()
+        with coordinator(scratch, "--metrics-listen", f"127.0.0.1:{metrics}") as coord, \
+                fake_worker({**spec, "job": "fuzzed"}, AS_NOBODY), \
                 agent(scratch, beacons, "--coordinator", coord.address,
                       "--interval", "0.05") as node:
             wait_for(lambda: job(coord.address, "fuzzed"), "the fuzzed job to be reported")
             (target,) = (beacons / str(NOBODY)).glob("fuzzed.*.beacon")
-            yield Node(scratch, coord, node, target)
+            yield Node(scratch, coord, node, target, metrics)
 
 
 operations = st.lists(st.one_of(
@@ -79,7 +98,10 @@ def test_beacon_files_of_any_content_leave_the_agent_alive(
             content = op[2] if op[0] == "junk" else _damaged(live.target, op[2], op[3])
             path.write_bytes(content)
             os.chown(path, NOBODY, -1)
-    time.sleep(0.12)  # two scans of the agent
+    # Two scans of the agent: the first report taken from now on may come from a scan begun
+    # before, the next two from scans begun after.
+    taken = live.reports()
+    wait_for(lambda: live.reports() >= taken + 3 or not live.node.alive, "two scans of the agent")
     assert live.node.alive, live.node.output()
 
 

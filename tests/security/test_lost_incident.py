@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _attack import WATCHDOG, clean_env, scratch_dir
-
+from tests.helpers.attack import WATCHDOG, clean_env, scratch_dir
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.store import IncidentStore
 

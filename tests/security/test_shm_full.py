@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _attack import AS_NOBODY, WATCHDOG, clean_env, scratch_dir
 
+from tests.helpers.attack import AS_NOBODY, WATCHDOG, clean_env, scratch_dir
 from watchdog.beacon import SIZE
 
 TRAIN = ("import torch\n"

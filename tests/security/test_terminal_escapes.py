@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from _attack import (
+from tests.helpers.attack import (
     AS_NOBODY,
     WATCHDOG,
     agent,

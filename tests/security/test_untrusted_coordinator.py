@@ -8,11 +8,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _attack import AS_NOBODY, HERE, agent, clean_env, scratch_dir, wait_for, worker
+
+from tests.helpers.attack import (
+    AS_NOBODY,
+    ATTACKERS,
+    agent,
+    clean_env,
+    scratch_dir,
+    wait_for,
+    worker,
+)
 
 LISTENER = """
 import socket, sys, time
@@ -50,7 +58,10 @@ def test_a_root_agent_never_follows_a_users_master_addr(token: bool) -> None:
                     agent(scratch, beacons, *flags) as node:
                 wait_for(lambda: "tracking rank 0 of job lure" in node.output(),
                          "the agent to find the job")
-                time.sleep(2.5)  # sessions start every 0.5-1 s: one would follow the job by now
+                # A session that began once the job was known would have followed it: two
+                # session ends logged after the job was found, the second such session did.
+                wait_for(lambda: node.output().partition("tracking rank 0 of job lure")[2]
+                         .count("; retrying in ") >= 2, "a session after the job was found")
                 log = node.output()
         finally:
             listener.kill()
@@ -64,7 +75,8 @@ def test_a_coordinator_cannot_keep_a_job_paused_with_stack_requests(tmp_path: Pa
     with scratch_dir() as scratch:
         beacons = scratch / "torch-hang-watchdog"
         flood = subprocess.Popen(
-            [*AS_NOBODY, sys.executable, str(HERE / "flooding_coordinator.py"), "paused", "40"],
+            [*AS_NOBODY, sys.executable, str(ATTACKERS / "flooding_coordinator.py"), "paused",
+             "40"],
             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/")
         try:
             assert flood.stdout is not None

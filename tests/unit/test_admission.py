@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from test_verdict import JOB, T0, done, rank
-
+from tests.helpers.builders import JOB, T0, done, rank
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.model import NodeReport, RankState
 

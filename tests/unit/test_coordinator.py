@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verdict import JOB, T0, done, entered, raised, rank
 
+from tests.helpers.builders import JOB, T0, done, entered, raised, rank
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S

@@ -4,8 +4,8 @@ DEL and invisible format characters become visible escapes; printable text is le
 from __future__ import annotations
 
 import pytest
-from test_incident import incident
 
+from tests.helpers.builders import incident
 from watchdog.cli.render import render_incident, render_incident_list, render_status
 from watchdog.text import printable, printable_tree
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_checks import ddp_linear, one_rank, recorder, steps
-from test_verdict import JOB, T0, done, entered, rank
 
 from agent.rankstate import check_evidence
+from tests.helpers.builders import JOB, T0, done, entered, rank
+from tests.helpers.recorders import ddp_linear, recorder, steps
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
 from watchdog.cli.render import render_status
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
@@ -29,8 +29,6 @@ from watchdog.coordinator.findings import (
 )
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.model import CheckEvidence, JobSnapshot, Kind, NodeReport, RankState
-
-__all__ = ["one_rank"]  # a fixture the tests here use
 
 
 def trained(tmp_path: Path, number: int, *, loaded: bool = False, batch: float | None = None,

@@ -9,38 +9,34 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from test_verdict import (
+
+from tests.helpers.builders import (
     BARRIER,
     DATA_STALL,
     DDP_BACKWARD,
     IDLE_WORKER,
+    NCCL_LINE,
     SITE,
+    STACKS,
     STUCK_WORKER,
     T0,
+    TORCH_LINE,
     data_pipeline,
     done,
     entered,
     exited,
+    incident,
     rank,
     snapshot,
     utc,  # noqa: F401 - the autouse fixture that pins local time to UTC applies here too
     with_children,
 )
-
 from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
 from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import ExitReason, Frame, Kind, RankStack, Verdict
 from watchdog.text import clock
 
-STACKS = {0: DDP_BACKWARD, 1: DATA_STALL, 2: DDP_BACKWARD, 3: DDP_BACKWARD}
-NCCL_LINE = "node-a:4243:4300 [0] misc/socket.cc:49 NCCL WARN socket: connection closed by peer"
-# From torch_nccl_timeout.log, as torchrun --tee writes it to the rank's stderr file.
-TORCH_LINE = (
-    "[rank1]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught "
-    "collective operation timeout: WorkNCCL(SeqNum=80078, OpType=BROADCAST, NumelIn=5056, "
-    "NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before timing out."
-)
 INCIDENT_KEYS = [
     "id",
     "job_id",
@@ -56,15 +52,6 @@ INCIDENT_KEYS = [
     "ranks",
     "stack_groups",
 ]
-
-
-def incident() -> dict[str, object]:
-    job = data_pipeline(stacks=STACKS)
-    verdict = decide(job)
-    assert verdict is not None
-    logged = dataclasses.replace(job.stacks[1], nccl_log=(NCCL_LINE,), worker_log=(TORCH_LINE,))
-    job = dataclasses.replace(job, stacks={**job.stacks, 1: logged})
-    return build_incident(job, verdict, "9c1e04d2b7aa", T0 + 45.25)
 
 
 def test_incident_has_design_keys_in_order_and_round_trips_as_json() -> None:

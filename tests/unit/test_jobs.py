@@ -7,24 +7,10 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_verdict import T0, done, rank
 
+from tests.helpers.builders import POLICY, T0, done, joined, rank, view
 from watchdog.coordinator.jobs import WARM_EVENTS, JobView
-from watchdog.coordinator.stall import StallPolicy
 from watchdog.model import RankState
-
-POLICY = StallPolicy(warmup=60.0)
-
-
-def view(*states: RankState) -> JobView:
-    job = JobView("job", POLICY)
-    for state in states:
-        job.update(f"node-{state.rank // 2}", state)
-    return job
-
-
-def joined(number: int, **changes: object) -> RankState:
-    return rank(number, done(56, 2.0), **changes)
 
 
 def left(state: RankState, code: int = 0) -> RankState:

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_verdict import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 
 from agent.stacks import main_thread_frames
+from tests.helpers.builders import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 from watchdog.coordinator.evidence import (
     collective_frame,
     distributed_frame,

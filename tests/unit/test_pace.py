@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from test_jobs import joined, view
-from test_verdict import T0
-
+from tests.helpers.builders import T0, joined, view
 from watchdog.beacon import BeaconWriter, Identity, Pace, open_beacon, read_beacon
 from watchdog.coordinator.jobs import PACED_STEPS
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy

@@ -7,9 +7,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from test_startup import IN_RENDEZVOUS, PREPARING, joining
-from test_verdict import DATA_STALL, DDP_BACKWARD, T0, done, entered, rank
-
+from tests.helpers.builders import (
+    DATA_STALL,
+    DDP_BACKWARD,
+    IN_RENDEZVOUS,
+    PREPARING,
+    T0,
+    done,
+    entered,
+    joining,
+    rank,
+)
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.startup import early_verdict_stands

@@ -10,18 +10,17 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from test_incident import incident
-from test_verdict import (
+from agent import Agent
+from tests.helpers.builders import (
     DATA_STALL,
     DDP_BACKWARD,
     IDLE_WORKER,
     SITE,
     STUCK_WORKER,
     T0,
+    incident,
     with_children,
 )
-
-from agent import Agent
 from watchdog.cli.embedded import RunOptions, _Run
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.stall import StallPolicy

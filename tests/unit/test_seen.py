@@ -9,8 +9,8 @@ import sys
 from collections.abc import Mapping
 
 import pytest
-from test_verdict import rank
 
+from tests.helpers.builders import rank
 from watchdog.cli.inject import BOOT_DIR, hook_env
 from watchdog.cli.seen import (
     NOT_A_RANK,

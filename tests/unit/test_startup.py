@@ -6,8 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_verdict import IN_RENDEZVOUS, PACKAGE, SITE, T0, TRAIN, WORLD, done, rank
-
+from tests.helpers.builders import (
+    IN_RENDEZVOUS,
+    PACKAGE,
+    PREPARING,
+    SITE,
+    T0,
+    TRAIN,
+    WORLD,
+    done,
+    joining,
+    rank,
+)
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
     Activity,
@@ -31,11 +41,6 @@ CONNECTING = (  # MASTER_ADDR=192.0.2.1: the store client retries its connect un
     Frame("_setting_up.<locals>.wrapper", str(PACKAGE / "hook" / "patches" / "setup.py"), 69),
     Frame("main", TRAIN, 94),
 )
-PREPARING = (  # the demo's init_stall: a rank that prepares its data before joining
-    Frame("prepare_dataset", TRAIN, 111),
-    Frame("main", TRAIN, 93),
-    Frame("<module>", TRAIN, 130),
-)
 IN_NEW_GROUP = (
     Frame("_new_process_group_helper", C10D, 2169),
     Frame("_new_group_with_tag", C10D, 5455),
@@ -43,14 +48,6 @@ IN_NEW_GROUP = (
     Frame("main", TRAIN, 97),
 )
 INIT = CollectiveRef("0", WORLD, 0, "init_process_group")
-
-
-def joining(number: int, age: float = 30.0, **changes: object) -> RankState:
-    """A hooked rank inside init_process_group for `age` seconds, no group yet."""
-    fields: dict[str, object] = dict(steps=0, events=0, setup="init_process_group",
-                                     setup_age=age, rendezvous="env://10.0.0.9:29500")
-    fields.update(changes)
-    return rank(number, **fields)
 
 
 def judge(*ranks: RankState, stacks: dict[int, tuple[Frame, ...]], world: int = 4,

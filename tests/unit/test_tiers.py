@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verdict import (
+
+import watchdog
+from tests.helpers.builders import (
     DATA_STALL,
     DDP_BACKWARD,
     SITE,
@@ -20,8 +22,6 @@ from test_verdict import (
     rank,
     snapshot,
 )
-
-import watchdog
 from watchdog.coordinator.incident import stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Activity, Frame, JobSnapshot, Kind, RankStack

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from watchdog.cli.demo import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+ATTACKERS = REPO / "tests" / "security"  # the scripts an attacker runs
 WATCHDOG = [sys.executable, "-m", "watchdog"]
 NOBODY = pwd.getpwnam("nobody").pw_uid
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -124,7 +124,7 @@ def worker(spec: dict[str, Any], as_user: list[str] | tuple[str, ...] = (),
     block ends; it has published its beacon when the block starts."""
     popen["env"] = {**popen.get("env", clean_env()), "RANK": str(spec["rank"]),
                     "WORLD_SIZE": str(spec["world"])}  # as torchrun gives its workers
-    proc = subprocess.Popen([*as_user, sys.executable, str(HERE / "fake_worker.py"),
+    proc = subprocess.Popen([*as_user, sys.executable, str(ATTACKERS / "fake_worker.py"),
                              json.dumps(spec)], stdout=subprocess.PIPE, text=True, cwd="/",
                             **popen)
     try:

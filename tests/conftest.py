@@ -1,0 +1,96 @@
+"""The tiers: each test is marked with its directory under tests/ (unit, integration, security,
+bench) and with `browser` when it takes the browser fixture, so that `pytest -m unit` is the fast
+loop; a tier this run selects whose machine preflight fails stops the run at once, with the fix."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import preflights
+
+TESTS = Path(__file__).resolve().parent
+TIERS = frozenset({"unit", "integration", "security", "bench"})
+_checked: set[str] = set()  # tiers whose preflight passed in this process
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file: its first directory under tests/."""
+    try:
+        directory = path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return directory if directory in TIERS else None
+
+
+def _may_select(config: pytest.Config, tier: str) -> bool:
+    """Whether `-m` may select a test of `tier`, whatever other markers it has; True when in
+    doubt. A tier it cannot select is not even imported: `-m unit` loads no daemon's tests."""
+    text = config.option.markexpr
+    if not text:
+        return True
+    try:  # pytest's own parser of `-m`, which it does not export
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(text)
+        free = sorted(expression.idents() - TIERS - {"browser"})
+    except Exception:  # moved or changed: collect the tier, and let `-m` deselect
+        return True
+    if tier == "integration":
+        free.append("browser")  # only integration tests take the browser
+    if len(free) > 10:
+        return True
+    for values in itertools.product((False, True), repeat=len(free)):
+        marked = {name for name, on in zip(free, values, strict=True) if on} | {tier}
+        if expression.evaluate(_carrying(marked)):
+            return True
+    return False
+
+
+def _carrying(marked: set[str]) -> Callable[..., bool]:
+    """A matcher for `-m`: a test with exactly the markers `marked`."""
+    return lambda name, /, **kwargs: name in marked
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.parent == TESTS and collection_path.name in TIERS:
+        return None if _may_select(config, collection_path.name) else True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(tier)
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker("browser")
+
+
+def _stop_unless_ready(config: pytest.Config, tiers: set[str | None]) -> None:
+    """Each selected tier's preflight, once; the run stops at the first that fails."""
+    if config.option.collectonly:
+        return
+    for tier, check in preflights.BY_TIER.items():
+        if tier in tiers and tier not in _checked:
+            problem = check()
+            if problem:
+                pytest.exit(problem, returncode=4)
+            _checked.add(tier)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # under xdist, the controller checks
+        _stop_unless_ready(session.config, {tier_of(item.path) for item in session.items})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """xdist's controller collects nothing itself: the selection is what its workers report,
+    before any test is handed out (an exit in a worker would only crash it)."""
+    config: pytest.Config = node.config  # type: ignore[attr-defined]
+    _stop_unless_ready(config, {tier_of(config.rootpath / i.split("::")[0]) for i in ids})
