@@ -9,7 +9,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from _harness import FLOOR_S, WATCHDOG, assert_called_at, fault_time, job_env
+from _harness import (
+    FLOOR_S,
+    WATCHDOG,
+    assert_called_at,
+    assert_nothing_left,
+    fault_time,
+    job_env,
+)
 
 EXIT_HANG_KILLED = 3
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
@@ -19,6 +26,7 @@ def test_a_blocked_dataloader_worker_is_named_with_its_stack(watch: Any, tmp_pat
     run = watch("--fault", "worker_stall", "--fault-rank", "1", "--fault-step", "6",
                 "--num-workers", "2", nproc=3, watchdog_args=DEFAULTS)
     assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert_nothing_left(tmp_path)  # the blocked worker too, which never sees its rank die
     assert run.incident is not None, run.output
     assert run.incident["kind"] == "MISSING_RANKS"
     assert run.incident["culprit_ranks"] == [1]
