@@ -91,6 +91,28 @@ def wait_for_output(proc: subprocess.Popen[bytes], output: Callable[[], str], ma
         time.sleep(0.05)
 
 
+def assert_nothing_left(tmp_path: Path, timeout: float = 15.0) -> None:
+    """No process of the job (one with this test's beacon directory in its environment, as
+    every rank and DataLoader worker has) outlives its end, a moment for the last SIGKILL aside."""
+    marker = f"WATCHDOG_BEACON_DIR={tmp_path / 'beacons'}".encode()
+    deadline = time.monotonic() + timeout
+    while left := [pid for pid in _pids() if marker in _environ(pid).split(b"\0")]:
+        assert time.monotonic() < deadline, f"still running after the job ended: {left}"
+        time.sleep(0.2)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:  # gone, or a zombie's
+        return b""
+
+
 def fault_time(output: str, fault: str) -> float:
     """When the job says its fault began (the first rank to say so)."""
     times = re.findall(rf"fault {fault} at step \d+, time ([\d.]+)", output)

@@ -14,6 +14,7 @@ from tests.helpers.harness import (
     FLOOR_S,
     WATCHDOG,
     assert_called_at,
+    assert_nothing_left,
     fault_time,
     job_env,
 )
@@ -25,6 +26,7 @@ def test_a_blocked_dataloader_worker_is_named_with_its_stack(watch: Any, tmp_pat
     run = watch("--fault", "worker_stall", "--fault-rank", "1", "--fault-step", "6",
                 "--num-workers", "2", nproc=3, watchdog_args=DEFAULTS)
     assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert_nothing_left(tmp_path)  # the blocked worker too, which never sees its rank die
     assert run.incident is not None, run.output
     assert run.incident["kind"] == "MISSING_RANKS"
     assert run.incident["culprit_ranks"] == [1]

@@ -5,6 +5,8 @@ reach `watchdog status` or the incident database."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +55,7 @@ def test_root_only_files_named_by_a_worker_are_never_read(tmp_path: Path) -> Non
             job = subprocess.Popen([*AS_NOBODY, sys.executable, str(launcher), str(secret),
                                     str(own), "disclosure", str(root_only.fileno())],
                                    stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
-                                   pass_fds=(root_only.fileno(),))
+                                   pass_fds=(root_only.fileno(),), start_new_session=True)
             try:
                 assert job.stdout is not None and job.stdout.readline() == "launched\n"
                 view = verdict(coord.address, "disclosure")
@@ -61,7 +63,7 @@ def test_root_only_files_named_by_a_worker_are_never_read(tmp_path: Path) -> Non
                                             str(scratch / "incidents.db")], capture_output=True,
                                            text=True, timeout=60, check=True).stdout
             finally:
-                job.kill()
+                os.killpg(job.pid, signal.SIGKILL)  # the launcher and its three ranks
                 job.wait()
             agent_log = node.output()
             assert node.alive

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.builders import JOB, T0, done, entered, raised, rank
+from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
@@ -146,6 +146,35 @@ def test_a_hang_that_ends_is_not_a_notice_that_ended(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert ended == [] and "ended_at" not in (hub.jobs[JOB].incident or {})
+
+
+def test_a_job_let_go_after_its_hang_is_judged_no_more(tmp_path: Path) -> None:
+    """`watchdog run --on-hang kill` ends the job: the rank its SIGKILL ends first is no
+    RANK_EXITED, even once its peers' shutdown moved the job's count."""
+    hub = coordinator(tmp_path, fixed=5.0)
+    told: list[dict[str, Any]] = []
+    hub.listeners.append(told.append)
+    stuck = [rank(1, done(56, 2.0)), *(rank(r, entered(57, 3.0)) for r in (0, 2, 3))]
+
+    async def scenario() -> None:
+        hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 - 1)
+        hub.evaluate_all(T0 - 1)
+        job = hub.jobs[JOB]
+        job.told({"id": "h1", "detected_at": T0 + 6.0, "kind": "MISSING_RANKS",
+                  "severity": "hang", "culprit_ranks": [1]})
+        hub.let_go(JOB)
+        # SIGTERM: the ranks shut down (Lightning handles it) and move the count; 5 s later
+        # the SIGKILL ends rank 1, the first to exit.
+        ending = [dataclasses.replace(s, events=s.events + 5) for s in stuck]
+        hub.ingest(report("node-a", *ending), T0 + 7.0)
+        await asyncio.gather(*hub.evaluate_all(T0 + 7.0))
+        killed = exited(ending[0], at=12.0, code=-9, clean=False)
+        hub.ingest(report("node-a", killed, *ending[1:]), T0 + 12.0)
+        await asyncio.gather(*hub.evaluate_all(T0 + 12.0))
+        await hub.settled()
+
+    asyncio.run(scenario())
+    assert told == []
 
 
 def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> dict[str, Any]:

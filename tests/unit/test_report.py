@@ -22,6 +22,7 @@ from tests.helpers.builders import (
     with_children,
 )
 from watchdog.cli.embedded import RunOptions, _Run
+from watchdog.coordinator import Coordinator, IncidentStore
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.verdict import decide
@@ -209,8 +210,9 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
     page = tmp_path / "hang.html"
     out = io.StringIO()
     agent = Agent(None, str(tmp_path), "node")
+    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy())
     run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill", report_html=str(page)), out,
-               agent)
+               agent, hub)
     notice = dict(incident(), id="n1", severity="notice", summary="rank 0 busy")
     run.on_incident(notice)
     assert not page.exists()  # notices are not hangs
@@ -221,7 +223,7 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
 
     broken = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill",
                              report_html=str(tmp_path / "no" / "such" / "dir.html")), out,
-                  agent)
+                  agent, hub)
     broken.on_incident(incident())
     assert broken.hang.is_set()  # --on-hang still acts
     assert "cannot write the HTML report" in out.getvalue()

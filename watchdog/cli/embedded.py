@@ -67,10 +67,12 @@ def write_report(path: str, incident: dict[str, Any]) -> None:
 
 
 class _Run:
-    def __init__(self, options: RunOptions, out: TextIO, agent: Agent) -> None:
+    def __init__(self, options: RunOptions, out: TextIO, agent: Agent,
+                 coordinator: Coordinator) -> None:
         self.options = options
         self.out = out
         self.agent = agent
+        self.coordinator = coordinator
         self.incidents: list[dict[str, Any]] = []
         self.hang = asyncio.Event()
         self.reported = False  # the first hang went to --report and --report-html
@@ -93,6 +95,7 @@ class _Run:
             if self.options.report_html:
                 self._write_html(self.options.report_html, incident)
         if self.options.on_hang == "kill":
+            self.coordinator.let_go(incident["job_id"])
             self.hang.set()
 
     def on_ended(self, notice: dict[str, Any], lasted: float) -> None:
@@ -140,7 +143,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
     os.chmod(socket_path, 0o600)
     agent = Agent(address, run_dir, _env.short_hostname(), INTERVAL_S,
                   scan_unhooked=False, native=options.native)
-    state = _Run(options, out, agent)
+    state = _Run(options, out, agent, coordinator)
     coordinator.listeners.append(state.on_incident)
     coordinator.ended_listeners.append(state.on_ended)
     if incidents is not None:
@@ -202,8 +205,7 @@ async def _end_workers(workers: list[Worker]) -> None:
     for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 0.0)):
         for worker in workers:
             if worker.alive:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.identity.pid, sig)
+                _signal_worker(worker.identity.pid, sig)
         await asyncio.sleep(grace)
 
 
@@ -234,11 +236,21 @@ async def _kill_job(proc: asyncio.subprocess.Process, exited: asyncio.Task[int],
 
 
 def _signal_job(pgid: int, workers: list[int], sig: int) -> None:
-    """torchrun puts each worker in a session of its own: signal them as well as torchrun."""
+    """torchrun puts each worker in a session of its own: signal them as well as torchrun, and
+    their groups, where they lead one, with their DataLoader workers in it (a worker blocked in
+    a read never notices its rank died, and would outlive the job)."""
     _signal_group(pgid, sig)
     for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        _signal_worker(pid, sig)
+
+
+def _signal_worker(pid: int, sig: int) -> None:
+    """A worker and the group it leads, if any: a group with the id of a worker's pid can only
+    be the one that worker made."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def _forward_signals(pgid: int, workers: Callable[[], list[int]], out: TextIO) -> None:

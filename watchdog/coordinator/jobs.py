@@ -37,6 +37,9 @@ class JobView:
     stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
     probe_progress: int = 0
     hung_before: bool = False  # a hang incident was reported, now or earlier
+    # The watchdog ends the job on a hang (`watchdog run --on-hang kill`): what follows, its
+    # ranks' exits included, is that end, judged no more.
+    let_go: bool = False
     # The current stall: not judged again before `hold_until` (`hold`); `busy` once ranks were seen
     # working through it; `place` where its culprits were, to learn how long it lasts there.
     hold_until: float = 0.0

@@ -103,6 +103,13 @@ class Coordinator:
         else:
             self.sessions.answer(session, message)
 
+    def let_go(self, job_id: str) -> None:
+        """The job is being ended on a hang's verdict: its ranks' exits, killed by that end,
+        are no new incident (`JobView.let_go`)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.let_go = True
+
     def status_json(self, job_id: str) -> str:
         now = time.time()
         jobs = [self.job_status(job, now) for job in self.jobs.values()
@@ -214,7 +221,8 @@ class Coordinator:
                 tasks.append(ended)
             if job.findings.pending:
                 tasks += self._report_findings(job, now)
-            if job.evaluating or job.hung or (job.incident is not None and job.done):
+            if job.let_go or job.evaluating or job.hung or (
+                    job.incident is not None and job.done):
                 continue
             if job.held(now) or not job.needs_judgement(now):
                 continue
