@@ -62,9 +62,11 @@ def test_a_stall_after_the_third_evaluation_and_a_checkpoint_is_named_at_the_flo
                 "--fault-step", "80", watchdog_args=DEFAULTS)
     assert run.output.count("fault evaluation at step") == 3 * 4, run.output
     notices = assert_named_at_the_floor(run, tmp_path)
-    # The 11 s checkpoint outlasts the 10 s floor by less than a diagnosis takes on a loaded
-    # machine: its notice may not come, but it is never about another rank.
-    assert all((n["kind"], n["culprit_ranks"]) == ("RANK_BUSY", [0]) for n in notices), notices
+    # The 11 s checkpoint and evaluations outlast the 10 s floor by less than a diagnosis takes
+    # on a loaded machine: the checkpoint's notice (rank 0 busy, its peers waiting) may not
+    # come, and an evaluation that one rank ends first may bring one for the others: notices,
+    # never a hang (assert_named_at_the_floor).
+    assert all(n["kind"] == "RANK_BUSY" for n in notices), notices
 
 
 def test_a_watchdog_paused_through_a_stall_blames_the_rank_not_its_node(tmp_path: Path) -> None:
