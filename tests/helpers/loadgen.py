@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from tests.helpers.builders import DDP_BACKWARD, SITE, TRAIN
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.service import Coordinator
 from watchdog.coordinator.sessions import Sessions
@@ -48,15 +49,7 @@ RANKS_PER_NODE = 8
 REPORT_INTERVAL_S = 1.0
 MAX_BACKOFF_S = 4.0
 STEPS_PER_S = 2.0  # one DDP all_reduce per step, entered at forward, completed at the step
-SITE = "/opt/venv/lib/python3.11/site-packages"
-TRAIN = "/home/ml/train.py"
-WAITING_STACK = (  # a rank blocked in DDP's gradient all-reduce
-    Frame("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 829),
-    Frame("backward", f"{SITE}/torch/autograd/__init__.py", 364),
-    Frame("backward", f"{SITE}/torch/_tensor.py", 648),
-    Frame("main", TRAIN, 112),
-    Frame("<module>", TRAIN, 130),
-)
+WAITING_STACK = DDP_BACKWARD
 STUCK_STACK = (  # the culprit: a dataset read that never returns
     Frame("read_sample_from_storage", TRAIN, 42),
     Frame("__getitem__", TRAIN, 36),

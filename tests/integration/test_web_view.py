@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.helpers.browser import screenshot
+from tests.helpers.builders import SITE
 from tests.helpers.daemons import JOB_ID, Daemons, end_job, start_job, wait_for_verdict
 from tests.helpers.harness import WATCHDOG, job_env, wait_for_output
 from watchdog.cli.demo import free_port
@@ -52,7 +53,6 @@ EVIL_FILE = "/home/ml/<img src=x onerror=\"window.__pwned = 2\">.py"
 EVIL_JOB = "job-<b>bold</b>&co"
 EVIL_HOST = "<i>node</i>"
 EVIL_LOG = "NCCL WARN <script>window.__pwned = 3</script> Connection closed by remote peer"
-SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
 @dataclass

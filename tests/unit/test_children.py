@@ -13,11 +13,10 @@ import pytest
 
 from agent import children
 from agent.stacks import sample_child
+from tests.helpers.builders import SITE, TRAIN
 from watchdog.model import Frame
 
-SITE = "/opt/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
-TRAIN = "/home/ml/train.py"
 LOADER = f"{SITE}/torch/utils/data/dataloader.py"
 WAITS_IN_THE_DATA_QUEUE = (  # py-spy's view of a rank whose DataLoader waits for a worker
     Frame("_PollLikeSelector.select", f"{STDLIB}/selectors.py", 415),
