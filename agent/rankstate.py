@@ -55,11 +55,13 @@ def rank_state(worker: Worker, now: float) -> RankState:
         evidence=check_evidence(snap.checks, worker.carries_fingerprints))
 
 
-def _members(ranks: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+def _members(ranks: tuple[int, ...] | range, world_size: int) -> tuple[int, ...]:
     """A group of the whole world goes out as (): every report would otherwise carry
     world_size ranks per rank, 16k x 16k integers a second at scale. The coordinator reads ()
-    as the world for group 0, and as the ranks reporting the group for any other."""
-    return () if len(ranks) == world_size else ranks
+    as the world for group 0, and as the ranks reporting the group for any other. A range is
+    the beacon's whole world, even where it no longer says the world the worker was verified
+    with: never listed."""
+    return () if isinstance(ranks, range) or len(ranks) == world_size else ranks
 
 
 def _raised(raised: beacon.RaisedException, oom_killed: bool) -> ExitReason:

@@ -78,7 +78,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert (snap.phase, snap.phase_started, snap.phase_timeout) == ("checkpoint", 14.0, 600.0)
     assert (snap.exit_state, snap.exit_code, snap.exited_at) == (EXIT_EXCEPTION, 1, 16.0)
     assert snap.groups == (
-        BeaconGroup("0", (0, 1, 2, 3), "barrier", 2, 11.0, 1),
+        BeaconGroup("0", range(4), "barrier", 2, 11.0, 1),  # the whole world
         BeaconGroup("1", (3, 1), "broadcast", 1, 12.0, 0),
     )
     assert snap.events == 6 + 2 + 1 + 1 + 2  # steps, seqs entered and completed, groups joined
@@ -116,7 +116,7 @@ def test_world_group_is_stored_compactly_at_any_size(tmp_path: Path) -> None:
     writer.group_slot("0", tuple(range(1000)), 1000)
     writer.group_slot("1", tuple(range(300)), 1000)
     groups = read_beacon(open_beacon(writer.path)).groups
-    assert groups[0].ranks == tuple(range(1000))
+    assert groups[0].ranks == range(1000)
     assert groups[1].ranks == tuple(range(MAX_LISTED_RANKS))  # the rest does not fit
 
 

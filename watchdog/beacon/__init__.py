@@ -12,12 +12,13 @@ from watchdog.beacon.layout import (
     MAX_WORLD,
     SIZE,
 )
-from watchdog.beacon.reader import open_beacon, read_beacon
+from watchdog.beacon.reader import open_beacon, read_beacon, read_head
 from watchdog.beacon.records import (
     NO_CHECKS,
     NO_PACE,
     NO_SETUP,
     BeaconGroup,
+    BeaconHead,
     BeaconSnapshot,
     CheckState,
     Fingerprint,
@@ -31,7 +32,7 @@ from watchdog.beacon.writer import NOT_ENTERED, UNTIMED, BeaconWriter, Entered, 
 __all__ = [
     "CHECK_NAMES", "EXIT_CLEAN", "EXIT_EXCEPTION", "EXIT_RUNNING", "MAX_EXIT_REASON",
     "MAX_GROUPS", "MAX_LISTED_RANKS", "MAX_WORLD", "NOT_ENTERED", "NO_CHECKS", "NO_PACE",
-    "NO_SETUP", "SIZE", "UNTIMED", "BeaconGroup", "BeaconSnapshot", "BeaconWriter", "CheckState",
-    "Entered", "Fingerprint", "Identity", "Pace", "RaisedException", "Setup", "beacon_path",
-    "open_beacon", "read_beacon",
+    "NO_SETUP", "SIZE", "UNTIMED", "BeaconGroup", "BeaconHead", "BeaconSnapshot", "BeaconWriter",
+    "CheckState", "Entered", "Fingerprint", "Identity", "Pace", "RaisedException", "Setup",
+    "beacon_path", "open_beacon", "read_beacon", "read_head",
 ]

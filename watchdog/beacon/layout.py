@@ -18,7 +18,9 @@ VERSION = 3
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
-MAX_WORLD = 1 << 20  # a larger world size in a beacon is corruption, not a job
+# The largest job the project is built for (an incident stays bounded at that size): a larger
+# world in a beacon is a forgery or corruption, not a job. Bounds readers only: not in the bytes.
+MAX_WORLD = 1 << 17
 MAX_EXIT_REASON = 2048  # bytes of UTF-8 JSON: an uncaught exception's type, message and frames
 MAX_FINGERPRINTS = 24  # 4 DDP modules x (parameters, batch) x the last 3 of each
 

@@ -1,6 +1,8 @@
 """Reading a beacon, in the agent (and in tests): one consistent copy under the writer's
 seqlock (see `writer`), parsed into a `BeaconSnapshot`. The bytes come from the rank: a count
-out of range is a BeaconError, never an index error.
+out of range is a BeaconError, never an index error, and nothing the beacon claims sizes what is
+decoded (a whole-world group is a range, at any world size). `read_head` decodes only who wrote
+it, for the agent to verify that writer before it decodes the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from watchdog.beacon import layout
 from watchdog.beacon.records import (
     BeaconGroup,
+    BeaconHead,
     BeaconSnapshot,
     CheckState,
     Fingerprint,
@@ -32,13 +35,14 @@ def _group(data: bytes, slot: int, world: int) -> BeaconGroup:
     name, _size, n_listed = layout.GROUP_META.unpack_from(data, base)
     op, entered_seq, entered_at, completed_seq = layout.GROUP_HOT.unpack_from(
         data, base + layout.GROUP_META.size)
+    ranks: tuple[int, ...] | range
     if n_listed == layout.ALL_WORLD and 0 < world <= layout.MAX_WORLD:
-        ranks = tuple(range(world))
-    elif 0 <= n_listed <= layout.MAX_LISTED_RANKS:
+        ranks = range(world)
+    elif 0 <= n_listed <= min(layout.MAX_LISTED_RANKS, world):  # no more members than the world
         ranks = layout.RANKS.unpack_from(data, base + layout.OFF_RANKS)[:n_listed]
     else:
         raise BeaconError(f"beacon group slot {slot} lists {n_listed} ranks (world {world})")
-    return BeaconGroup(name=_text(name), ranks=tuple(ranks), op=_text(op),
+    return BeaconGroup(name=_text(name), ranks=ranks, op=_text(op),
                        entered_seq=entered_seq, entered_at=entered_at,
                        completed_seq=completed_seq)
 
@@ -79,11 +83,16 @@ def _raised(start: bytes, length: int) -> RaisedException | None:
     return RaisedException.decode(start[layout.START.size:layout.START.size + length])
 
 
+def _identity(data: bytes, attempt: int) -> Identity:
+    pid, rank, local_rank, world, created, job, host = layout.IDENTITY.unpack_from(
+        data, layout.OFF_IDENTITY)
+    return Identity(job_id=_text(job), rank=rank, local_rank=local_rank, world_size=world,
+                    host=_text(host), pid=pid, created_at=created, attempt=attempt)
+
+
 def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
     """The snapshot of the three regions a reader copied: the head and the used group slots,
     the start-up region (from OFF_START) and the checks region (from OFF_CHECKS)."""
-    pid, rank, local_rank, world, created, job, host = layout.IDENTITY.unpack_from(
-        data, layout.OFF_IDENTITY)
     (steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started,
      phase_timeout) = layout.PROGRESS.unpack_from(data, layout.OFF_PROGRESS)
     if n_groups > layout.MAX_GROUPS:
@@ -91,21 +100,21 @@ def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
                           f"(at most {layout.MAX_GROUPS})")
     attempt, reason_len, call, setup_at, rendezvous = layout.START.unpack_from(start)
     progress_at, gap_p99, gaps = layout.PACE.unpack_from(data, layout.OFF_PACE)
+    identity = _identity(data, attempt)
     return BeaconSnapshot(
-        identity=Identity(job_id=_text(job), rank=rank, local_rank=local_rank, world_size=world,
-                          host=_text(host), pid=pid, created_at=created, attempt=attempt),
+        identity=identity,
         heartbeat=layout.HEARTBEAT.unpack_from(data, layout.OFF_HEARTBEAT)[0],
         steps=steps, step_at=step_at, exit_state=exit_state, exit_code=exit_code,
         exited_at=exited_at, phase=_text(phase), phase_started=phase_started,
         phase_timeout=phase_timeout,
-        groups=tuple(_group(data, slot, world) for slot in range(n_groups)),
+        groups=tuple(_group(data, slot, identity.world_size) for slot in range(n_groups)),
         progress_at=progress_at, pace=_pace(gap_p99, gaps),
         setup=Setup(call=_text(call), entered_at=setup_at, rendezvous=_text(rendezvous)),
         raised=_raised(start, reason_len), checks=_checks(checks))
 
 
-def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
-    """A consistent snapshot of a beacon, or BeaconError if it is not one or never settles."""
+def _check_header(buf: bytes | mmap.mmap) -> None:
+    """BeaconError unless `buf` holds a beacon of the layout this reader knows."""
     if len(buf) < layout.SIZE:
         raise BeaconError(f"beacon is {len(buf)} bytes, expected {layout.SIZE}")
     magic, version, recorded_size = layout.HEADER.unpack_from(buf, 0)
@@ -114,6 +123,21 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
     if version != layout.VERSION or recorded_size != layout.SIZE:
         raise BeaconError(f"beacon version {version} size {recorded_size}; this reader knows "
                           f"version {layout.VERSION} size {layout.SIZE}")
+
+
+def read_head(data: bytes) -> BeaconHead:
+    """Who wrote the beacon `data` is one consistent copy of, and when it last lived; BeaconError
+    if it is no beacon. Only fixed fields are decoded: no count the beacon claims is used."""
+    _check_header(data)
+    return BeaconHead(
+        identity=_identity(data, layout.ATTEMPT.unpack_from(data, layout.OFF_START)[0]),
+        heartbeat=layout.HEARTBEAT.unpack_from(data, layout.OFF_HEARTBEAT)[0],
+        exited_at=layout.EXIT.unpack_from(data, layout.OFF_EXIT)[2])
+
+
+def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapshot:
+    """A consistent snapshot of a beacon, or BeaconError if it is not one or never settles."""
+    _check_header(buf)
     seq = layout.OFF_SEQ // 8
     with memoryview(buf) as view, view[:layout.SIZE] as head, head.cast("Q") as words:
         for _ in range(attempts):

@@ -126,11 +126,23 @@ NO_CHECKS = CheckState()
 @dataclass(frozen=True)
 class BeaconGroup:
     name: str
-    ranks: tuple[int, ...]
+    # A group of the whole world is a range: never a list of its members, whatever world size
+    # the beacon claims. Any other group lists at most layout.MAX_LISTED_RANKS.
+    ranks: tuple[int, ...] | range
     op: str
     entered_seq: int
     entered_at: float
     completed_seq: int
+
+
+@dataclass(frozen=True)
+class BeaconHead:
+    """What a beacon says of its writer, decoded alone (`reader.read_head`): enough to verify
+    that writer before the rest of the beacon is decoded. Times as in `BeaconSnapshot`."""
+
+    identity: Identity
+    heartbeat: float
+    exited_at: float
 
 
 @dataclass(frozen=True)
