@@ -121,8 +121,13 @@ def open_beacon(found: Found) -> tuple[int, os.stat_result]:
 
 
 def read(fd: int) -> BeaconSnapshot:
-    """A consistent snapshot of the beacon open at `fd` (the seqlock: the counter read before
-    and after the copy is the same even value), or BeaconError."""
+    """A consistent snapshot of the beacon open at `fd`, or BeaconError."""
+    return read_beacon(copy(fd), attempts=1)
+
+
+def copy(fd: int) -> bytes:
+    """The bytes of the beacon open at `fd`, copied whole under its seqlock (the counter read
+    before and after the copy is the same even value), not yet decoded; or BeaconError."""
     size = os.fstat(fd).st_size
     if size != layout.SIZE:
         raise BeaconError(f"beacon is now {size} bytes, not {layout.SIZE}")
@@ -131,7 +136,7 @@ def read(fd: int) -> BeaconSnapshot:
         data = os.pread(fd, layout.SIZE, 0)
         if len(before) == 8 and not before[0] & 1 and data[_SEQ] == before == os.pread(
                 fd, 8, layout.OFF_SEQ):
-            return read_beacon(data, attempts=1)
+            return data
         if len(data) < layout.SIZE:
             raise BeaconError(f"beacon shrank to {len(data)} bytes while read")
         time.sleep(0)  # the writer is mid-record: let it run

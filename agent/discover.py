@@ -1,6 +1,11 @@
 """New beacons in the beacon directory, each taken as a worker only once its writer is verified
 (`agent.verify`); a beacon refused is remembered, so it is examined again only when it changes,
-and said once. A beacon whose process died long ago is removed."""
+and said once. A beacon whose process died long ago is removed.
+
+Anyone can write a beacon, claiming any world and any groups: only its fixed head (who wrote
+it, when it last lived) is decoded before its writer is verified and its world found possible;
+the rest, after.
+"""
 
 from __future__ import annotations
 
@@ -55,31 +60,39 @@ class BeaconDiscovery:
         try:
             fd, st = beaconfiles.open_beacon(found)
         except BeaconError as e:
-            self._refuse(found, str(e).split("\n")[0])
+            self._refuse(found, _first_line(e))
             return None
         try:
-            snap = beaconfiles.read(fd)
+            worker = self._verified(found, fd, st, now)
         except (BeaconError, OSError) as e:
+            worker = None
+            self._refuse(found, _first_line(e))
+        if worker is None:
             os.close(fd)
-            self._refuse(found, str(e).split("\n")[0])
-            return None
-        ident = snap.identity
+        return worker
+
+    def _verified(self, found: beaconfiles.Found, fd: int, st: os.stat_result,
+                  now: float) -> Worker | None:
+        """The worker of the beacon open at `fd`; None once a stale beacon is removed;
+        BeaconError when it is refused."""
+        data = beaconfiles.copy(fd)
+        head = beacon.read_head(data)
+        ident = head.identity
         stat = procfs.read_stat(ident.pid, self._proc)
-        last_sign_of_life = max(snap.heartbeat, snap.exited_at)
-        if (stat is None or stat.gone) and now - last_sign_of_life > STALE_BEACON_S:
-            os.close(fd)
+        if (stat is None or stat.gone) and now - max(head.heartbeat,
+                                                     head.exited_at) > STALE_BEACON_S:
             # Left behind by a job that ended while no agent watched (or killed with SIGKILL).
-            if not beaconfiles.remove(found):
-                self._refuse(found, "its process is gone, and the file is not ours to remove")
-            return None
+            if beaconfiles.remove(found):
+                return None
+            raise BeaconError("its process is gone, and the file is not ours to remove")
         why = impossible(ident) or verify.refuse_beacon_writer(
             ident.pid, st, ident.created_at, self._boot, self._proc)
         env = None if why else procfs.read_environ(ident.pid, self._proc)
         why = why or verify.refuse_environment(env, ident.rank, ident.world_size)
         if why:
-            os.close(fd)
-            self._refuse(found, f"not a verified worker: {why}")
-            return None
+            raise BeaconError(f"not a verified worker: {why}")
+        # Decoded whole only now: what an unverified writer claims costs the agent nothing.
+        snap = beacon.read_beacon(data, attempts=1)
         worker = Worker(ident, stat.start_ticks if stat else 0, found.path,
                         nccl_debug_file(env, ident.pid), (env or {}).get("MASTER_ADDR", ""),
                         fd, snap, owner=verify.credentials(ident.pid, self._proc), found=found)
@@ -87,6 +100,10 @@ class BeaconDiscovery:
         log.info("tracking rank %d of job %s (pid %d)", ident.rank, printable(ident.job_id),
                  ident.pid)
         return worker
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).split("\n")[0]
 
 
 def impossible(ident: beacon.Identity) -> str:

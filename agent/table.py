@@ -81,10 +81,13 @@ class WorkerTable:
         if worker.fd is not None:
             try:
                 worker.snapshot = beaconfiles.read(worker.fd)
+                worker.unreadable = False
             except (BeaconError, OSError) as e:
-                if worker.alive:
+                # Said once until it reads well again: its owner may keep it unreadable.
+                if worker.alive and not worker.unreadable:
                     log.warning("rank %d of %s: %s", worker.identity.rank,
                                 printable(worker.identity.job_id), str(e).split("\n")[0])
+                worker.unreadable = True
         self._check_exit(worker, now)
 
     def _scan_proc(self, now: float) -> None:

@@ -27,6 +27,7 @@ class Worker:
     master_addr: str = ""  # the job's rendezvous host: where its coordinator runs by default
     fd: int | None = None  # the beacon, open read-only
     snapshot: beacon.BeaconSnapshot | None = None
+    unreadable: bool = False  # its beacon's last read failed (and that was said)
     exited_at: float | None = None
     window: activity.ActivityWindow = field(default_factory=activity.ActivityWindow)
     exit_status: int | None = None  # as waitpid reports it, where the agent could see it

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
+import struct
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,18 @@ from hypothesis import strategies as st
 
 from agent import beaconfiles, procfs, verify
 from agent.budget import StackBudget
-from watchdog.beacon import SIZE, BeaconWriter, Identity, beacon_path, read_beacon
+from agent.rankstate import rank_state
+from agent.table import WorkerTable
+from watchdog.beacon import (
+    MAX_GROUPS,
+    MAX_WORLD,
+    SIZE,
+    BeaconWriter,
+    Identity,
+    beacon_path,
+    read_beacon,
+)
+from watchdog.beacon.layout import OFF_GROUPS
 from watchdog.beacondir import create_beacon_file, user_dir
 from watchdog.errors import BeaconError
 
@@ -211,3 +225,63 @@ def test_stacks_of_a_job_are_taken_at_most_once_a_second() -> None:
     for n in range(5000):  # requests for ever new jobs do not grow it without bound
         budget.refuse(f"job-{n}", 200.0 + n)
     assert len(budget._last) <= 1024
+
+
+def forged_in(base: Path, pid: int, world: int) -> BeaconWriter:
+    """A beacon of this process's that names `pid`, in a world of `world` whose every group
+    slot holds the whole world."""
+    fd, directory = user_dir(str(base))
+    writer = BeaconWriter(beacon_path(directory, "job", 0, pid),
+                          Identity("job", 0, 0, world, "node-a", pid, time.time() - 1), fd)
+    everyone = tuple(range(world))
+    for n in range(MAX_GROUPS):
+        writer.group_slot(str(n), everyone, world)
+    return writer
+
+
+def test_a_beacon_is_decoded_past_its_head_only_once_its_writer_is_verified(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Both beacons' group slots are damaged: the one naming another process is refused for
+    that, before its groups are looked at; the one naming this process, for its groups."""
+    base = tmp_path / "beacons"
+    writers = [forged_in(base, pid, 4) for pid in (os.getppid(), os.getpid())]
+    for writer in writers:
+        with open(writer.path, "r+b") as f:
+            os.pwrite(f.fileno(), struct.pack("<i", -7), OFF_GROUPS + 36)  # slot 0's n_listed
+    with caplog.at_level(logging.WARNING, "agent.discover"):
+        WorkerTable(str(base), scan_unhooked=False).refresh(time.time())
+    other, own = (writer.path for writer in writers)
+    assert (f"ignoring {other}: not a verified worker: process {os.getppid()} neither maps nor "
+            "holds the beacon open") in caplog.text
+    assert f"ignoring {own}: beacon group slot 0 lists -7 ranks (world 4)" in caplog.text
+
+
+def test_a_world_beyond_the_largest_job_is_refused(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Even from its verified writer: 131,072 ranks is the largest job there is."""
+    writer = forged_in(tmp_path / "beacons", os.getpid(), 131_073)
+    table = WorkerTable(str(tmp_path / "beacons"), scan_unhooked=False)
+    with caplog.at_level(logging.WARNING, "agent.discover"):
+        table.refresh(time.time())
+    assert table.workers() == []
+    assert (f"ignoring {writer.path}: not a verified worker: rank 0 of world size 131073"
+            in caplog.text)
+
+
+def test_whole_world_groups_are_never_listed_at_the_largest_world(tmp_path: Path) -> None:
+    """A verified rank of the largest world, in as many whole-world groups as a beacon holds:
+    reading its beacon and making its report entry allocate next to nothing (listing the
+    groups' members would take some 75 MB), and the report lists no member."""
+    forged_in(tmp_path / "beacons", os.getpid(), MAX_WORLD)
+    table = WorkerTable(str(tmp_path / "beacons"), scan_unhooked=False)
+    table.refresh(time.time())
+    (worker,) = table.workers()
+    tracemalloc.start()
+    try:
+        table.refresh(time.time())
+        state = rank_state(worker, time.time())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert [g.ranks for g in state.groups] == [()] * MAX_GROUPS

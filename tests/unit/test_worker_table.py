@@ -3,14 +3,19 @@ that a report entry is converted from what the last refresh observed."""
 
 from __future__ import annotations
 
+import logging
 import os
+import struct
 import time
 from pathlib import Path
+
+import pytest
 
 from agent.rankstate import rank_state
 from agent.table import WorkerTable
 from agent.worker import FINGERPRINT_REPORTS, Worker
 from watchdog.beacon import BeaconWriter, CheckState, Fingerprint, Identity, beacon_path
+from watchdog.beacon.layout import OFF_IDENTITY
 from watchdog.model import NO_ACTIVITY, Activity
 
 
@@ -56,3 +61,28 @@ def test_observing_a_process_reads_the_proc_root_it_is_given(tmp_path: Path) -> 
     assert worker.proc_state  # this process, in the real /proc
     worker.observe(time.time(), None, proc=str(tmp_path))
     assert (worker.proc_state, worker.activity) == ("", NO_ACTIVITY)  # no such process there
+
+
+def test_a_beacon_its_owner_keeps_unreadable_is_said_once_until_it_reads_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    own = tmp_path / str(os.geteuid())
+    own.mkdir(mode=0o755)
+    writer = BeaconWriter(beacon_path(str(own), "job", 0, os.getpid()),
+                          Identity("job", 0, 0, 2, "host", os.getpid(), time.time() - 1))
+    writer.group_slot("0", (0, 1), 2)  # the whole world
+    table = WorkerTable(str(tmp_path), scan_unhooked=False)
+    table.refresh(time.time())
+    (worker,) = table.workers()
+
+    def claim_world(world: int, refreshes: int) -> None:
+        with open(writer.path, "r+b") as f:
+            os.pwrite(f.fileno(), struct.pack("<i", world), OFF_IDENTITY + 12)
+        for _ in range(refreshes):
+            table.refresh(time.time())
+
+    with caplog.at_level(logging.WARNING, "agent.table"):
+        claim_world(1 << 20, 3)  # past the largest job: its whole-world group is refused
+        claim_world(2, 1)
+        claim_world(1 << 20, 2)
+    assert caplog.text.count("rank 0 of job: beacon group slot 0 lists -1 ranks") == 2
+    assert worker.snapshot is not None and worker.snapshot.groups[0].ranks == range(2)
