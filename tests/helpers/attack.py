@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.helpers.scrape import scrape, value
 from watchdog.cli.demo import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,6 +136,36 @@ def worker(spec: dict[str, Any], as_user: list[str] | tuple[str, ...] = (),
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def forged_beacons(beacon_dir: Path, seconds: float,
+                   claims: list[tuple[int, int]]) -> Iterator[list[Path]]:
+    """tests/security/beacon_forger.py as `nobody`: one beacon per (pid, world) claim, rewritten
+    every second for `seconds`; the block starts once they are all there."""
+    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "beacon_forger.py"),
+                             str(beacon_dir), str(seconds), json.dumps(claims)],
+                            stdout=subprocess.PIPE, text=True, cwd="/", env=clean_env())
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["ready"], f"the forger did not start: {line!r}"
+        yield [Path(path) for path in line[1:]]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def memory_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now (VmRSS), or its peak so far (VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith(f"{field}:"))
+    return int(kib) / 1024
+
+
+def reports_taken(metrics: int) -> float:
+    """Node reports the coordinator serving /metrics on port `metrics` took so far."""
+    return value(scrape(metrics), "torch_hang_watchdog_reports_total") or 0.0
 
 
 def status(address: str, *flags: str, as_user: tuple[str, ...] | list[str] = (),
