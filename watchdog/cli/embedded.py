@@ -27,6 +27,7 @@ from agent.daemon import Agent
 from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
+from watchdog.atomic import write_atomically
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
@@ -59,11 +60,7 @@ class RunOptions:
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(incident, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(incident, indent=2) + "\n")
 
 
 class _Run:
