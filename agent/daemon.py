@@ -187,7 +187,7 @@ class Agent:
                                          error="not attaching: it has exited"))
         started = time.monotonic()
         stacks = await dump_stacks(
-            [(w.identity.rank, w.identity.pid, w.owner.uid if w.owner else None)
+            [(w.identity.rank, w.identity.pid, w.start_ticks, w.owner.uid if w.owner else None)
              for w in targets], self.native, samples)
         if targets:
             metrics.STACK_SECONDS.observe(time.monotonic() - started)

@@ -46,6 +46,14 @@ def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
                     cpu_ticks=int(fields[11]) + int(fields[12]), exit_status=status or None)
 
 
+def read_stat_of(pid: int, start_ticks: int, proc: str = "/proc") -> ProcStat | None:
+    """`read_stat`, and None too when `pid` names another process than the one that started at
+    `start_ticks` (its stat's field 22, read when the process was first seen): a pid is reused
+    once its process is gone, and a signal or a dump must never reach whoever has it now."""
+    stat = read_stat(pid, proc)
+    return stat if stat is not None and stat.start_ticks == start_ticks else None
+
+
 def _read_small(path: str) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY)

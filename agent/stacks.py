@@ -50,21 +50,23 @@ def find_py_spy() -> str:
     raise PySpyMissingError("py-spy was not found on PATH or beside " + sys.executable)
 
 
-async def dump_stack(rank: int, pid: int, native: bool = False) -> RankStack:
-    """The main thread's stack of `pid`; failures come back in RankStack.error, never raised."""
-    before = procfs.read_stat(pid)
+async def dump_stack(rank: int, pid: int, start_ticks: int, native: bool = False) -> RankStack:
+    """The main thread's stack of `pid`, the process that started at `start_ticks`; failures
+    come back in RankStack.error, never raised."""
+    before = procfs.read_stat_of(pid, start_ticks)
     if before is None or before.gone:
-        return RankStack(rank, pid, error=f"process {pid} has exited")
-    thread, error = await _dump_main_thread(pid, before.stopped, native)
+        return RankStack(rank, pid, error=_gone(pid))
+    thread, error = await _dump_main_thread(pid, start_ticks, before.stopped, native)
     if thread is None:
         return RankStack(rank, pid, error=error, was_stopped=before.stopped)
     return RankStack(rank, pid, frames=_frames(thread), was_stopped=before.stopped)
 
 
-async def _dump_main_thread(pid: int, stopped: bool, native: bool = False,
+async def _dump_main_thread(pid: int, start_ticks: int, stopped: bool, native: bool = False,
                             with_locals: bool = False) -> tuple[dict[str, Any] | None, str]:
-    """py-spy's JSON of the main thread of `pid`, or None and why not. `stopped`: someone else
-    had stopped it, so it is dumped without blocking."""
+    """py-spy's JSON of the main thread of `pid` (while it is the process that started at
+    `start_ticks`), or None and why not. `stopped`: someone else had stopped it, so it is dumped
+    without blocking."""
     try:
         py_spy = find_py_spy()
     except PySpyMissingError as e:
@@ -74,6 +76,9 @@ async def _dump_main_thread(pid: int, stopped: bool, native: bool = False,
         modes.insert(0, ["--native"])
     error = ""
     for extra in modes:
+        now = procfs.read_stat_of(pid, start_ticks)  # a failed try may have taken seconds
+        if now is None or now.gone:
+            return None, _gone(pid)
         timeout = NATIVE_TIMEOUT_S if "--native" in extra else DUMP_TIMEOUT_S
         argv = [py_spy, "dump", "--json", "--pid", str(pid), *extra]
         try:
@@ -83,8 +88,14 @@ async def _dump_main_thread(pid: int, stopped: bool, native: bool = False,
             error = _explain_failure(str(e))
             log.warning("py-spy dump of pid %d %s failed: %s", pid, extra or "", error)
         finally:
-            _resume_if_we_stopped(pid, stopped)
+            _resume_if_we_stopped(pid, start_ticks, stopped)
     return None, error
+
+
+def _gone(pid: int) -> str:
+    """Why `pid` is not dumped: its process exited (and the pid may name another by now)."""
+    log.info("not dumping pid %d: the process it named has exited", pid)
+    return f"process {pid} has exited"
 
 
 async def _run_py_spy(argv: list[str], timeout: float) -> str:
@@ -108,8 +119,8 @@ def _explain_failure(message: str) -> str:
     return message
 
 
-def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
-    after = procfs.read_stat(pid)
+def _resume_if_we_stopped(pid: int, start_ticks: int, was_stopped: bool) -> None:
+    after = procfs.read_stat_of(pid, start_ticks)
     if not was_stopped and after is not None and after.stopped:
         log.warning("pid %d was left stopped by py-spy; resuming it", pid)
         try:
@@ -145,9 +156,11 @@ def _raw_frames(thread: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
 
 
-async def sample_stack(rank: int, pid: int, native_turns: asyncio.Semaphore | None = None,
-                       samples: int = 1, uid: int | None = None) -> RankStack:
-    """`samples` stacks of `pid` spread over SAMPLE_SPREAD_S: the last one, and whether the
+async def sample_stack(rank: int, pid: int, start_ticks: int,
+                       native_turns: asyncio.Semaphore | None = None, samples: int = 1,
+                       uid: int | None = None) -> RankStack:
+    """`samples` stacks of `pid` (the process that started at `start_ticks`) spread over
+    SAMPLE_SPREAD_S: the last one, and whether the
     innermost Python frame moved between them (a rank running Python, however slowly, is not
     hung). Only the last is taken with native frames, when given `native_turns`. Given the
     rank's `uid`, the stacks of the children it waits on (agent.children) come too, sampled
@@ -162,9 +175,9 @@ async def sample_stack(rank: int, pid: int, native_turns: asyncio.Semaphore | No
             await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
         if native_turns is not None and index == samples - 1:
             async with native_turns:  # see the module's docstring
-                stack = await dump_stack(rank, pid, native=True)
+                stack = await dump_stack(rank, pid, start_ticks, native=True)
         else:
-            stack = await dump_stack(rank, pid)
+            stack = await dump_stack(rank, pid, start_ticks)
         if stack.frames:
             taken.append(stack)
             if kids is None and uid is not None and children.waits_on_child(stack.frames):
@@ -208,17 +221,17 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
     for index in range(samples):
         if index:
             await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
-        stat = procfs.read_stat(pid)
-        if stat is None or stat.gone or stat.start_ticks != first.start_ticks:
+        stat = procfs.read_stat_of(pid, first.start_ticks)
+        if stat is None or stat.gone:
             return None
         state = stat.state
-        dumped, error = await _dump_main_thread(pid, stat.stopped,
+        dumped, error = await _dump_main_thread(pid, first.start_ticks, stat.stopped,
                                                 with_locals=index == samples - 1)
         if dumped is not None:
             thread = dumped
             stacks.append(children.own_frames(_frames(dumped))[:MAX_CHILD_FRAMES])
-    last = procfs.read_stat(pid)
-    if last is None or last.gone or last.start_ticks != first.start_ticks:
+    last = procfs.read_stat_of(pid, first.start_ticks)
+    if last is None or last.gone:
         return None
     frames = stacks[-1] if stacks else ()
     worker = children.is_dataloader_worker(frames)
@@ -229,10 +242,11 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
         moved=moved(stacks), cpu=children.cpu_cores(first, last, loop.time() - start))
 
 
-async def dump_stacks(targets: list[tuple[int, int, int | None]], native: bool = False,
+async def dump_stacks(targets: list[tuple[int, int, int, int | None]], native: bool = False,
                       samples: int = 1) -> list[RankStack]:
-    """Stacks of (rank, pid, uid) targets, all at once; with `native`, their native dumps one a
-    CPU at a time. Given its uid, a rank's children come along where it waits on them."""
+    """Stacks of (rank, pid, start ticks, uid) targets, all at once; with `native`, their native
+    dumps one a CPU at a time. Given its uid, a rank's children come along where it waits on
+    them."""
     turns = asyncio.Semaphore(len(os.sched_getaffinity(0))) if native else None
-    return list(await asyncio.gather(*(sample_stack(rank, pid, turns, samples, uid)
-                                       for rank, pid, uid in targets)))
+    return list(await asyncio.gather(*(sample_stack(rank, pid, ticks, turns, samples, uid)
+                                       for rank, pid, ticks, uid in targets)))

@@ -60,3 +60,27 @@ def test_retention_by_age(tmp_path: Path) -> None:
     store.add(incident(3, 18 * DAY))  # i1 is now 8 days old
     assert [json.loads(t)["id"] for t in store.list_json()] == ["i3", "i2"]
     assert store.get_json("i1") is None
+
+
+def big(n: int, at: float, size: int) -> dict[str, Any]:
+    return {**incident(n, at), "log": "x" * size}
+
+
+def test_retention_by_bytes_drops_the_oldest_first(tmp_path: Path) -> None:
+    store = IncidentStore(str(tmp_path / "i.db"), keep_bytes=1 << 20)
+    for n in range(64):  # 4 MiB in all
+        store.add(big(n, 1000.0 + n, 64 << 10))
+        assert store.used_bytes() <= 1 << 20
+    kept = [json.loads(t)["id"] for t in store.list_json()]
+    assert 8 <= len(kept) < 16  # 16 of 64 KiB would fill 1 MiB alone
+    assert kept == [f"i{n}" for n in range(63, 63 - len(kept), -1)]
+
+
+def test_retention_by_bytes_never_drops_the_newest(tmp_path: Path) -> None:
+    store = IncidentStore(str(tmp_path / "i.db"), keep_bytes=1 << 20)
+    store.add(big(1, 1000.0, 64 << 10))
+    store.add(big(2, 1001.0, 2 << 20))  # over the limit on its own
+    assert [json.loads(t)["id"] for t in store.list_json()] == ["i2"]
+    store.add(big(3, 1002.0, 64 << 10))
+    assert [json.loads(t)["id"] for t in store.list_json()] == ["i3"]
+    assert store.used_bytes() <= 1 << 20

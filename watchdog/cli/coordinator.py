@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from watchdog.cli import options
 from watchdog.coordinator.service import JOB_RETENTION_S
-from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS
+from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS, KEEP_MIB
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import UsageError
 
@@ -40,6 +40,9 @@ class CoordinatorCommand:
                        help=f"keep the newest N incidents (default {KEEP_COUNT})")
         p.add_argument("--keep-days", type=options.positive_float, default=KEEP_DAYS, metavar="D",
                        help=f"drop incidents older than D days (default {KEEP_DAYS:.0f})")
+        p.add_argument("--keep-mib", type=options.positive_int, default=KEEP_MIB, metavar="M",
+                       help="drop the oldest incidents while the database holds more than M MiB "
+                            f"(default {KEEP_MIB}; the newest is always kept)")
         p.add_argument("--job-retention", type=options.positive_float, default=JOB_RETENTION_S,
                        metavar="S", help="forget a job no agent reported for S seconds (default "
                                          f"{JOB_RETENTION_S:.0f})")
@@ -68,7 +71,8 @@ class CoordinatorCommand:
             args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca,
             {role: getattr(args, f"{role}_token_file")
              for role in ("agent", "reader", "control")})
-        store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days)
+        store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days,
+                              keep_bytes=args.keep_mib << 20)
         store.open()
         coordinator = Coordinator(store, options.stall_policy(args),
                                   job_retention=args.job_retention)

@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from agent import procfs
 from agent.daemon import Agent
 from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
+from watchdog.atomic import write_atomically
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir
 from watchdog.cli.inject import check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
@@ -59,11 +61,7 @@ class RunOptions:
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(incident, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(incident, indent=2) + "\n")
 
 
 class _Run:
@@ -161,7 +159,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
             proc = await asyncio.create_subprocess_exec(
                 *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True,
                 stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
-        workers = functools.partial(_live_worker_pids, agent)
+        workers = functools.partial(_live_workers, agent)
         _forward_signals(proc.pid, workers, out)
         seeing = asyncio.create_task(say_what_it_sees(
             coordinator.jobs.values, proc.pid, options.policy.warmup, out, INTERVAL_S))
@@ -196,8 +194,8 @@ def private_run_dir(env: Mapping[str, str] = os.environ) -> str:
     return tempfile.mkdtemp(prefix="torch-hang-watchdog-run-", dir=parent)
 
 
-def _live_worker_pids(agent: Agent) -> list[int]:
-    return [w.identity.pid for w in agent.table.workers() if w.alive]
+def _live_workers(agent: Agent) -> list[Worker]:
+    return [w for w in agent.table.workers() if w.alive]
 
 
 async def _end_workers(workers: list[Worker]) -> None:
@@ -205,12 +203,12 @@ async def _end_workers(workers: list[Worker]) -> None:
     for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 0.0)):
         for worker in workers:
             if worker.alive:
-                _signal_worker(worker.identity.pid, sig)
+                signal_worker(worker, sig)
         await asyncio.sleep(grace)
 
 
 async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
-                    worker_pids: Callable[[], list[int]]) -> int:
+                    live_workers: Callable[[], list[Worker]]) -> int:
     exited = asyncio.create_task(proc.wait())
     hang = asyncio.create_task(state.hang.wait())
     await asyncio.wait({exited, hang}, return_when=asyncio.FIRST_COMPLETED,
@@ -220,14 +218,14 @@ async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
         why = ("hung job (--on-hang kill)" if state.hang.is_set() else
                f"job, still running after {state.options.time_limit:.0f} s")
         state.out.write(f"watchdog: ending the {why}\n")
-        await _kill_job(proc, exited, worker_pids())
+        await _kill_job(proc, exited, live_workers())
         return ExitCode.HANG_KILLED
     code = exited.result()
     return 128 - code if code < 0 else code
 
 
 async def _kill_job(proc: asyncio.subprocess.Process, exited: asyncio.Task[int],
-                    workers: list[int]) -> None:
+                    workers: list[Worker]) -> None:
     for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
         _signal_job(proc.pid, workers, sig)
         done, _ = await asyncio.wait({exited}, timeout=wait)
@@ -235,25 +233,31 @@ async def _kill_job(proc: asyncio.subprocess.Process, exited: asyncio.Task[int],
             return
 
 
-def _signal_job(pgid: int, workers: list[int], sig: int) -> None:
+def _signal_job(pgid: int, workers: list[Worker], sig: int) -> None:
     """torchrun puts each worker in a session of its own: signal them as well as torchrun, and
     their groups, where they lead one, with their DataLoader workers in it (a worker blocked in
     a read never notices its rank died, and would outlive the job)."""
     _signal_group(pgid, sig)
-    for pid in workers:
-        _signal_worker(pid, sig)
+    for worker in workers:
+        signal_worker(worker, sig)
 
 
-def _signal_worker(pid: int, sig: int) -> None:
-    """A worker and the group it leads, if any: a group with the id of a worker's pid can only
-    be the one that worker made."""
+def signal_worker(worker: Worker, sig: int) -> None:
+    """A worker and the group it leads, if any, while its pid names the process the agent found
+    (the pid of one that exited may be another's by now): a group with the id of the worker's
+    pid can then only be the one that worker made."""
+    pid = worker.identity.pid
+    if procfs.read_stat_of(pid, worker.start_ticks) is None:
+        log.info("not signalling pid %d: rank %d's process has exited", pid,
+                 worker.identity.rank)
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 
 
-def _forward_signals(pgid: int, workers: Callable[[], list[int]], out: TextIO) -> None:
+def _forward_signals(pgid: int, workers: Callable[[], list[Worker]], out: TextIO) -> None:
     """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us. A
     second one kills the job outright: whoever presses Ctrl-C again wants it gone now, not after
     torchrun's own grace period."""

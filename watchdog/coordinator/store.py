@@ -9,6 +9,7 @@ reaches it only from a thread (`persist`), never from its event loop.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Collection
@@ -20,6 +21,9 @@ from watchdog.errors import WatchdogError
 DB_ENV = "WATCHDOG_DB"
 KEEP_COUNT = 10_000
 KEEP_DAYS = 90.0
+# A quarter of the 1 GiB volume the Kubernetes example gives the coordinator: room for the WAL,
+# and for the incidents that `KEEP_COUNT` allows, unless they are huge.
+KEEP_MIB = 256
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -50,7 +54,8 @@ def incident_json(incident: dict[str, Any]) -> str:
 
 
 class IncidentStore:
-    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`.
+    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`,
+    and the database's pages in use within `keep_bytes` (the newest incident is always kept).
 
     The database is opened on first use (`open` opens it at once), so a coordinator can start,
     and print incidents, while it is locked or unreachable. The file, its WAL and shared-memory
@@ -60,10 +65,12 @@ class IncidentStore:
     """
 
     def __init__(self, path: str, keep_count: int = KEEP_COUNT,
-                 keep_days: float = KEEP_DAYS, busy_timeout: float = 1.0) -> None:
+                 keep_days: float = KEEP_DAYS, busy_timeout: float = 1.0,
+                 keep_bytes: int = KEEP_MIB << 20) -> None:
         self.path = path
         self.keep_count = keep_count
         self.keep_days = keep_days
+        self.keep_bytes = keep_bytes
         self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
         self._spill_taken = False
@@ -150,6 +157,25 @@ class IncidentStore:
                             "LIMIT 1 OFFSET ?", (self.keep_count,)).fetchone()
         if beyond is not None:
             db.execute("DELETE FROM incidents WHERE detected_at <= ?", beyond)
+        self._prune_bytes(db)
+
+    def _prune_bytes(self, db: sqlite3.Connection) -> None:
+        """Drop the oldest incidents while the database's pages in use hold more than
+        `keep_bytes`; never the newest. Counted in pages, the whole of what the file holds (the
+        indexes too) is bounded, and the check is three pragmas that read no row."""
+        while (used := _used_bytes(db)) > self.keep_bytes:
+            (count,) = db.execute("SELECT COUNT(*) FROM incidents").fetchone()
+            if count <= 1:
+                return
+            # At the average size, the oldest rows that hold the excess: one statement, rather
+            # than one a row, when one huge incident arrives in a store of small ones.
+            doomed = min(count - 1, math.ceil(count * (used - self.keep_bytes) / used))
+            db.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM incidents "
+                       "ORDER BY detected_at LIMIT ?)", (doomed,))
+
+    def used_bytes(self) -> int:
+        """The bytes of the database's pages in use, which `keep_bytes` bounds."""
+        return _used_bytes(self._db())
 
     def list_json(self, limit: int = 100) -> list[str]:
         """Stored incident texts, newest first."""
@@ -181,6 +207,14 @@ class IncidentStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    """The bytes of the database's pages in use (its free pages are reused before it grows)."""
+    (pages,) = db.execute("PRAGMA page_count").fetchone()
+    (free,) = db.execute("PRAGMA freelist_count").fetchone()
+    (size,) = db.execute("PRAGMA page_size").fetchone()
+    return int((pages - free) * size)
 
 
 def _make_private(path: str) -> None:

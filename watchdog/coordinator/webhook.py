@@ -3,15 +3,17 @@ incident (the object `incidents show --json` prints) to URL.
 
 The coordinator only queues a post, after the incident is stored: each URL has a thread and a
 bounded queue of its own, so a receiver that hangs or refuses delays neither detection, nor
-storage, nor the other receivers. A post is tried ATTEMPTS times, TIMEOUT_S each, with growing
-pauses between; redirects are not followed (a POST redirected by urllib becomes a GET without
-its body). Nothing here runs anything: it only posts. URLs are logged by scheme and host alone,
-since a webhook URL often carries its secret in the path (Slack's do).
+storage, nor the other receivers. A post is tried ATTEMPTS times, TIMEOUT_S each as a whole
+(connecting, sending and the whole answer: `coordinator.deadline`), with growing pauses between;
+redirects are not followed (a POST redirected by urllib becomes a GET without its body). Nothing
+here runs anything: it only posts. URLs are logged by scheme and host alone, since a webhook
+URL often carries its secret in the path (Slack's do).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import queue
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from watchdog import __version__, metrics
+from watchdog.coordinator.deadline import Deadline
 from watchdog.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,6 @@ class Webhook:
         self.url = check_url(url)
         self.timeout, self.attempts, self.backoff = timeout, attempts, backoff
         self._queue: queue.Queue[bytes | None] = queue.Queue(queue_size)
-        self._opener = urllib.request.build_opener(_NoRedirect)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"webhook {redacted(url)}",
                                         daemon=True)
@@ -113,14 +115,19 @@ class Webhook:
         """(None, _) when the receiver took it; else (why not, whether to try again)."""
         request = urllib.request.Request(self.url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": f"torch-hang-watchdog/{__version__}"})
+        deadline = Deadline(self.timeout)
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
+            with deadline.opener(_NoRedirect()).open(request, timeout=self.timeout) as response:
                 response.read(65536)
         except urllib.error.HTTPError as e:
             return f"HTTP {e.code} {e.reason}", e.code in _RETRY_STATUS
-        except (urllib.error.URLError, OSError) as e:  # refused, unreachable, timed out
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            if deadline.passed:  # cut short: whatever broke, it broke because time was up
+                return f"no whole answer within {self.timeout:g} s", True
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
-            return f"{reason or type(e).__name__}", True
+            return f"{reason or type(e).__name__}", True  # refused, unreachable, timed out
+        finally:
+            deadline.close()
         return None, False
 
 

@@ -9,12 +9,12 @@ releases, and fields (severity, activity, exit reasons) that newer ones add.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from watchdog import __version__
+from watchdog.atomic import write_atomically
 from watchdog.coordinator.evidence import frame_site, stuck_frame
 from watchdog.report.groups import RankGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge
@@ -34,11 +34,8 @@ def incident_html(incident: Incident, nav: str = "") -> str:
 
 
 def write_html(path: str, incident: Incident) -> None:
-    """The page, written whole or not at all."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(incident_html(incident))
-    os.replace(tmp, path)
+    """The page, written whole or not at all (`write_atomically`)."""
+    write_atomically(path, incident_html(incident))
 
 
 def incident_sections(incident: Incident) -> list[str]:
