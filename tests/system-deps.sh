@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages the tests need beyond Python's: chromium (the browser tests drive it
 # headless) and systemd's tools (systemd-analyze and systemd-tmpfiles check the units; no
-# systemd needs to be running). Installs only what is missing; as root, or through sudo.
+# systemd needs to be running; its libseccomp2 builds the units' filters in tests/helpers/seccomp.py).
+# Installs only what is missing; as root, or through sudo.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
