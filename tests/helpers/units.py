@@ -1,6 +1,8 @@
 """The systemd units of deploy/systemd, read as systemd reads them, and a command prefix that
 runs a daemon as its unit would where no systemd runs: the unit's capabilities alone, no new
-privileges, and its system call filter (tests/helpers/seccomp.py)."""
+privileges, MemoryDenyWriteExecute= and its system call filter (tests/helpers/seccomp.py). Not
+modelled: the mount and namespace settings (ProtectSystem=, PrivateDevices=, ...) and the
+other filters systemd loads (RestrictAddressFamilies=, RestrictNamespaces=, ...)."""
 
 from __future__ import annotations
 
