@@ -260,7 +260,8 @@ def test_the_manifests_daemons_tell_the_roles_apart(manifests: list[Doc], tmp_pa
                 assert "the agent token may not call Status" in status.stderr, status
             else:
                 assert (status.returncode, status.stdout) == (0, '{"jobs": []}\n'), status
-        daemons.append(spawn([*WATCHDOG, *local(agent["args"], ports, {
+        # Another pod in the cluster: a health port of its own here.
+        daemons.append(spawn([*WATCHDOG, *local(agent["args"], {**ports, 29453: free_port()}, {
             MOUNT: str(client), "$(POD_NAME)": "trainer-0-x",
             "torch-hang-watchdog-coordinator.ml-training.svc": "localhost"})],
             tmp_path / "agent.log", job_env(tmp_path), ready="watchdog agent"))
