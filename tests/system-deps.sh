@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages the tests need beyond Python's: chromium (the browser tests drive it
 # headless) and systemd's tools (systemd-analyze and systemd-tmpfiles check the units; no
-# systemd needs to be running). Installs only what is missing; as root, or through sudo.
+# systemd needs to be running; tests/helpers/seccomp.py loads the units' filters with the
+# libseccomp2 that systemd depends on). Installs only what is missing; as root, or through sudo.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)

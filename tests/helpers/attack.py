@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +108,10 @@ def coordinator(scratch: Path, *flags: str) -> Iterator[Daemon]:
 
 
 @contextmanager
-def agent(scratch: Path, beacon_dir: Path, *flags: str, name: str = "node-a") -> Iterator[Daemon]:
-    daemon = spawn([*WATCHDOG, "agent", "--beacon-dir", str(beacon_dir), "--node-name", name,
+def agent(scratch: Path, beacon_dir: Path, *flags: str, name: str = "node-a",
+          wrap: Sequence[str] = ()) -> Iterator[Daemon]:
+    """An agent as root; `wrap`: a command that runs it (tests/helpers/units.under_unit)."""
+    daemon = spawn([*wrap, *WATCHDOG, "agent", "--beacon-dir", str(beacon_dir), "--node-name", name,
                     "--interval", "0.2", *flags], scratch / f"agent-{name}.log",
                    ready="watchdog agent")
     try:

@@ -1,7 +1,8 @@
 """Renders deploy/kubernetes for the tests: with `kubectl kustomize` where kubectl is installed,
 else with `render` below, a small renderer of the kustomization features deploy/kubernetes
-uses and nothing more (resources, namespace, images, secretGenerator with files). Where kubectl
-is installed, a test checks that both give the same manifests, so the small one stays honest.
+uses and nothing more (resources, namespace, images, secretGenerator with files, each FILE or
+KEY=FILE). Where kubectl is installed, a test checks that both give the same manifests, so the
+small one stays honest.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def render(directory: Path) -> list[Doc]:
 
 
 def _secret(directory: Path, generator: Doc) -> Doc:
-    data = {name: base64.b64encode((directory / name).read_bytes()).decode()
-            for name in generator["files"]}
+    data = {}
+    for entry in generator["files"]:  # FILE, or KEY=FILE
+        key, _, name = entry.rpartition("=")
+        data[key or name] = base64.b64encode((directory / name).read_bytes()).decode()
     digest = hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:10]
     return {"apiVersion": "v1", "kind": "Secret", "type": generator.get("type", "Opaque"),
             "metadata": {"name": f"{generator['name']}-{digest}"}, "data": data}
@@ -82,9 +85,14 @@ def _image(image: str, images: list[Doc]) -> str:
 
 
 def comparable(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
-    """Documents by kind and name, generated names' hash suffixes (which differ) removed."""
+    """Documents by kind and name, generated names' hash suffixes (which differ) removed, and
+    Secrets' base64 unwrapped (kubectl breaks it into lines of 70 characters)."""
     text = yaml.safe_dump(docs)
     generated = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
     for name in generated:
         text = text.replace(name, _SUFFIX.sub("", name))
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load(text)}
+    unwrapped = yaml.safe_load(text)
+    for doc in unwrapped:
+        if doc["kind"] == "Secret":
+            doc["data"] = {key: "".join(value.split()) for key, value in doc["data"].items()}
+    return {(d["kind"], d["metadata"]["name"]): d for d in unwrapped}

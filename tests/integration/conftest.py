@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from tests.helpers.browser import chromium
+from tests.helpers.capabilities import (  # noqa: F401 (a process of `nobody` to act on)
+    other_users_worker,
+)
 from tests.helpers.harness import (  # noqa: F401 (machine_share: a fixture every test here takes)
     JOB_TIMEOUT_S,
     WatchedRun,

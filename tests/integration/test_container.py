@@ -43,3 +43,12 @@ def test_the_image_recipe_builds_and_installs_the_wheel(tmp_path: Path) -> None:
     assert "--health-listen" in run(bin_dir / "watchdog", "agent", "--help")
     boot = run(bin_dir / "python", "-c", "import watchdog.cli.inject as i; print(i.BOOT_DIR)")
     assert (Path(boot.strip()) / "sitecustomize.py").is_file()  # `watchdog launch` needs it
+
+
+def test_every_stage_starts_from_the_base_image_pinned_by_digest() -> None:
+    """A tag moves (and whoever controls it chooses what runs as root on every node); a
+    digest names one image."""
+    text = CONTAINERFILE.read_text()
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"docker\.io/library/python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base)
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${BASE}", "${BASE}"]

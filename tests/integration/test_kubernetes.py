@@ -1,9 +1,13 @@
 """deploy/kubernetes rendered as `kubectl apply -k overlays/example` would (credential files
-made up in a copy), every manifest validated with `kubernetes-validate --strict` for Kubernetes
-1.29 (native sidecars) and the newest it knows, and the properties the deployment relies on."""
+made in a copy: a token per role, a CA and the coordinator's certificate), every manifest
+validated with `kubernetes-validate --strict` for Kubernetes 1.29 (native sidecars) and the
+newest it knows, the properties the deployment relies on, and the coordinator and an agent run
+with the manifests' own arguments and the Secrets laid out as the kubelet mounts them."""
 
 from __future__ import annotations
 
+import base64
+import secrets
 import shutil
 import subprocess
 import sys
@@ -13,20 +17,36 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.attack import spawn, wait_for
+from tests.helpers.capabilities import probe
+from tests.helpers.harness import WATCHDOG, job_env
 from tests.helpers.kustomize import Doc, comparable, kubectl_kustomize, render
+from tests.helpers.scrape import scrape, value
+from tests.helpers.secured import Certs
+from watchdog.cli.demo import free_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-CREDENTIALS = ("token", "ca.crt", "tls.crt", "tls.key")
+ROLES = ("agent", "reader", "control")
 VERSIONS = ("1.29.0", "1.37.0")
+MOUNT = "/var/run/secrets/torch-hang-watchdog"
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tokens() -> dict[str, str]:
+    return {role: secrets.token_hex(16) for role in ROLES}
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory, certs: Certs,
+            tokens: dict[str, str]) -> Path:
     """A copy of deploy/kubernetes with the example's credential files in place."""
     copy = tmp_path_factory.mktemp("kubernetes") / "kubernetes"
     shutil.copytree(DEPLOY, copy)
-    for name in CREDENTIALS:
-        (copy / "overlays" / "example" / name).write_text(f"made-up {name}\n")
+    files = {**{f"{role}-token": f"{token}\n" for role, token in tokens.items()},
+             "ca.crt": Path(certs.ca).read_text(), "tls.crt": Path(certs.server_cert).read_text(),
+             "tls.key": Path(certs.server_key).read_text()}
+    for name, text in files.items():
+        (copy / "overlays" / "example" / name).write_text(text)
     return copy / "overlays" / "example"
 
 
@@ -55,7 +75,7 @@ def test_every_manifest_validates_strictly(manifests: list[Doc], version: str,
     out = subprocess.run([str(validator), "--strict", "--kubernetes-version", version, *files],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(" passed for resource ") == len(manifests) == 10
+    assert out.stdout.count(" passed for resource ") == len(manifests) == 12
 
 
 def test_a_misspelt_field_fails_validation(tmp_path: Path) -> None:
@@ -79,14 +99,32 @@ def pod(manifests: list[Doc], kind: str) -> dict[str, Any]:
     return spec
 
 
-def test_the_agent_is_a_native_sidecar_with_ptrace_alone(manifests: list[Doc]) -> None:
+def secret_data(manifests: list[Doc], volume_owner: dict[str, Any]) -> dict[str, str]:
+    """The decoded data of the Secret that the pod `volume_owner` mounts as `credentials`."""
+    (volume,) = [v for v in volume_owner["volumes"] if v["name"] == "credentials"]
+    (secret,) = [d for d in manifests if d["kind"] == "Secret"
+                 and d["metadata"]["name"] == volume["secret"]["secretName"]]
+    return {key: base64.b64decode(data).decode() for key, data in secret["data"].items()}
+
+
+def generated(manifests: list[Doc], name: str) -> dict[str, str]:
+    """The decoded data of the Secret the overlay's generator `name` made."""
+    (secret,) = [d for d in manifests if d["kind"] == "Secret"
+                 and d["metadata"]["name"].rpartition("-")[0] == name]
+    return {key: base64.b64decode(data).decode() for key, data in secret["data"].items()}
+
+
+def test_the_agent_is_a_native_sidecar_with_ptrace_and_its_log_helpers_ids(
+        manifests: list[Doc]) -> None:
     spec = pod(manifests, "Job")
     (agent,) = spec["initContainers"]
     (trainer,) = spec["containers"]
     assert agent["restartPolicy"] == "Always"
     assert agent["image"] == "registry.example/torch-hang-watchdog:0.1.0"
     assert spec["shareProcessNamespace"] is True
-    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    # SETUID and SETGID: the log helper takes a rank's uid, gid and groups (issue 20).
+    assert agent["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["SYS_PTRACE", "SETUID", "SETGID"]}
     assert agent["securityContext"]["allowPrivilegeEscalation"] is False
     assert trainer["securityContext"]["runAsNonRoot"] is True
     (dshm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
@@ -98,7 +136,19 @@ def test_the_agent_is_a_native_sidecar_with_ptrace_alone(manifests: list[Doc]) -
         "metadata.labels['batch.kubernetes.io/job-name']")
     assert "--node-name=$(POD_NAME)" in agent["args"]
     assert agent["livenessProbe"]["grpc"] == {"port": 29453, "service": "liveness"}
-    assert "--tls-ca=/var/run/secrets/torch-hang-watchdog/ca.crt" in agent["args"]
+    assert f"--tls-ca={MOUNT}/ca.crt" in agent["args"]
+
+
+def test_the_agent_containers_capabilities_read_a_ranks_log_as_the_rank(
+        manifests: list[Doc], other_users_worker: tuple[int, Path]) -> None:
+    """Root holding the container's capabilities alone, with no_new_privs
+    (allowPrivilegeEscalation: false), against a process of another user."""
+    (agent,) = pod(manifests, "Job")["initContainers"]
+    caps = {f"CAP_{name}" for name in agent["securityContext"]["capabilities"]["add"]}
+    pid, shared = other_users_worker
+    assert probe(caps, pid, shared) == {"ptrace": "ok", "environ": "ok", "signal": "denied",
+                                        "remove": "denied", "read_private": "denied",
+                                        "fd_links": "denied", "read_as_owner": "ok"}
 
 
 def test_the_coordinator_keeps_its_database_and_is_probed_over_grpc(
@@ -113,26 +163,111 @@ def test_the_coordinator_keeps_its_database_and_is_probed_over_grpc(
     (incidents,) = [v for v in spec["volumes"] if v["name"] == "incidents"]
     pvc = one(manifests, "PersistentVolumeClaim")
     assert incidents["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert coordinator[probe]["grpc"]["port"] == 29453
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert coordinator[kind]["grpc"]["port"] == 29453
     assert coordinator["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert spec["securityContext"]["runAsNonRoot"] is True
-    secrets = {d["metadata"]["name"]: d for d in manifests if d["kind"] == "Secret"}
-    (credentials,) = [v for v in spec["volumes"] if v["name"] == "credentials"]
-    assert set(secrets[credentials["secret"]["secretName"]]["data"]) == {
-        "token", "tls.crt", "tls.key"}
-    (agent_credentials,) = [v for v in pod(manifests, "Job")["volumes"]
-                            if v["name"] == "credentials"]
-    assert set(secrets[agent_credentials["secret"]["secretName"]]["data"]) == {
-        "token", "ca.crt"}  # never the coordinator's key
 
 
-def test_only_agents_and_readers_reach_the_coordinator(manifests: list[Doc]) -> None:
+def test_each_role_has_a_token_of_its_own_and_the_trainer_none(
+        manifests: list[Doc], tokens: dict[str, str]) -> None:
+    coordinator = pod(manifests, "Deployment")
+    (container,) = coordinator["containers"]
+    assert set(secret_data(manifests, coordinator)) == {
+        "agent-token", "reader-token", "control-token", "tls.crt", "tls.key"}
+    assert not [arg for arg in container["args"] if arg.startswith("--token-file")]
+    for role in ROLES:  # the coordinator knows each role's token from its own file
+        assert f"--{role}-token-file={MOUNT}/{role}-token" in container["args"]
+        assert generated(manifests, "torch-hang-watchdog-coordinator")[f"{role}-token"] == (
+            f"{tokens[role]}\n")
+        client = generated(manifests, f"torch-hang-watchdog-{role}")
+        assert client.keys() == {"token", "ca.crt"}  # never the coordinator's key
+        assert client["token"] == f"{tokens[role]}\n"
+    job = pod(manifests, "Job")
+    assert secret_data(manifests, job)["token"] == f"{tokens['agent']}\n"
+    (agent,) = job["initContainers"]
+    (trainer,) = job["containers"]
+    assert {"name": "credentials", "mountPath": MOUNT, "readOnly": True} in agent["volumeMounts"]
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["dshm"]  # no token at all
+    assert "envFrom" not in trainer
+    assert not [e for e in trainer["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+
+
+def test_only_agents_readers_and_control_of_listed_namespaces_reach_the_coordinator(
+        manifests: list[Doc]) -> None:
     policy = one(manifests, "NetworkPolicy")["spec"]
     assert policy["policyTypes"] == ["Ingress"]
-    admitted = {peer["podSelector"]["matchLabels"]["torch-hang-watchdog/role"]:
-                sorted(port["port"] for port in rule["ports"])
-                for rule in policy["ingress"] for peer in rule["from"]}
-    assert admitted == {"agent": [29450], "reader": [29450, 29451]}
-    labels = one(manifests, "Job")["spec"]["template"]["metadata"]["labels"]
-    assert labels["torch-hang-watchdog/role"] == "agent"
+    namespace = one(manifests, "Namespace")["metadata"]["name"]
+    admitted: dict[str, list[int]] = {}
+    for rule in policy["ingress"]:
+        for peer in rule["from"]:
+            # A namespace AND a label, in one element: the label alone anyone may set.
+            assert peer["namespaceSelector"] == {"matchExpressions": [{
+                "key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}]}
+            role = peer["podSelector"]["matchLabels"]["torch-hang-watchdog/role"]
+            admitted[role] = sorted(port["port"] for port in rule["ports"])
+    assert admitted == {"agent": [29450], "control": [29450], "reader": [29450, 29451]}
+    job = one(manifests, "Job")
+    assert job["metadata"]["namespace"] == namespace
+    assert job["spec"]["template"]["metadata"]["labels"]["torch-hang-watchdog/role"] == "agent"
+
+
+# -- the coordinator and an agent with the manifests' own arguments ---------------------------
+
+def mounted(manifests: list[Doc], owner: dict[str, Any], directory: Path) -> Path:
+    """The Secret mounted at `credentials`, as the kubelet lays it out: a file per key, of the
+    volume's defaultMode."""
+    (volume,) = [v for v in owner["volumes"] if v["name"] == "credentials"]
+    directory.mkdir()
+    for key, text in secret_data(manifests, owner).items():
+        (directory / key).write_text(text)
+        (directory / key).chmod(volume["secret"]["defaultMode"])
+    return directory
+
+
+def local(args: list[str], ports: dict[int, int], words: dict[str, str]) -> list[str]:
+    """`args` with this machine's free ports and paths (`words`) in place of the pod's."""
+    out = []
+    for arg in args:
+        for port, free in ports.items():
+            arg = arg.replace(f":{port}", f":{free}")
+        for word, here in words.items():
+            arg = arg.replace(word, here)
+        out.append(arg)
+    return out
+
+
+def test_the_manifests_daemons_tell_the_roles_apart(manifests: list[Doc], tmp_path: Path) -> None:
+    deployment, job = pod(manifests, "Deployment"), pod(manifests, "Job")
+    ((coordinator,), (agent,)) = deployment["containers"], job["initContainers"]
+    ports = {port: free_port() for port in (29450, 29451, 29452, 29453)}
+    server = mounted(manifests, deployment, tmp_path / "coordinator")
+    client = mounted(manifests, job, tmp_path / "agent")
+    daemons = [spawn([*WATCHDOG, *local(coordinator["args"], ports, {
+        MOUNT: str(server), "/var/lib/torch-hang-watchdog": str(tmp_path)})],
+        tmp_path / "coordinator.log", job_env(tmp_path), ready="listening on")]
+    try:
+        for role in ROLES:  # each role's token, as its own Secret holds it
+            token = tmp_path / f"{role}-token"
+            token.write_text(generated(manifests, f"torch-hang-watchdog-{role}")["token"])
+            token.chmod(0o600)
+            status = subprocess.run([*WATCHDOG, "status", "--json", "--coordinator",
+                                     f"localhost:{ports[29450]}", "--token-file", str(token),
+                                     "--tls-ca", str(client / "ca.crt")],
+                                    capture_output=True, text=True, timeout=60)
+            if role == "agent":  # it may report, never read
+                assert status.returncode != 0, status
+                assert "the agent token may not call Status" in status.stderr, status
+            else:
+                assert (status.returncode, status.stdout) == (0, '{"jobs": []}\n'), status
+        # Another pod in the cluster: a health port of its own here.
+        daemons.append(spawn([*WATCHDOG, *local(agent["args"], {**ports, 29453: free_port()}, {
+            MOUNT: str(client), "$(POD_NAME)": "trainer-0-x",
+            "torch-hang-watchdog-coordinator.ml-training.svc": "localhost"})],
+            tmp_path / "agent.log", job_env(tmp_path), ready="watchdog agent"))
+        assert wait_for(lambda: value(scrape(ports[29451]),
+                                      "torch_hang_watchdog_agents_connected") == 1.0,
+                        "the agent, with the agent's token, to connect")
+    finally:
+        for started in daemons:
+            started.stop()

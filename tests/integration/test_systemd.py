@@ -1,21 +1,20 @@
 """The systemd units as shipped: `systemd-analyze verify` and the offline security score of each
 (ExecStart pointed at this environment's `watchdog`), the tmpfiles entry, the agent's capability
 set against another user's process, and both daemons run outside systemd with the units' exact
-arguments, credentials and state directories and a real notify socket."""
+arguments, credentials, state directories, capabilities and system call filters
+(tests/helpers/units.py) and a real notify socket. DynamicUser= is not emulated: the coordinator
+runs as root with no capability."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,70 +22,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers.capabilities import probe
 from tests.helpers.harness import WATCHDOG, job_env, stop_process
 from tests.helpers.scrape import scrape, value
 from tests.helpers.secured import Certs, token_file
+from tests.helpers.units import UNITS, Unit, syscall_filter, syscall_set, under_unit
 from watchdog.cli.demo import free_port
 
-UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-BINARY = "/opt/torch-hang-watchdog/bin/watchdog"
 EXPOSURE_LIMIT = {"agent": 5.0, "coordinator": 3.0}
 AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"}
-UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-SYSTEM_PYTHON = "/usr/bin/python3"
 STARTUP_S = 60
-
-
-@dataclass
-class Unit:
-    """A unit file's [Service] settings, with continuation lines joined."""
-
-    path: Path
-    service: dict[str, list[str]]
-
-    @classmethod
-    def read(cls, name: str) -> Unit:
-        path = UNITS / f"torch-hang-watchdog-{name}.service"
-        text = re.sub(r"\\\n\s*", " ", path.read_text())
-        service: dict[str, list[str]] = {}
-        section = ""
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("["):
-                section = line
-            elif line and not line.startswith(("#", ";")) and section == "[Service]":
-                key, _, value = line.partition("=")
-                service.setdefault(key, []).append(value)
-        return cls(path, service)
-
-    def one(self, key: str) -> str:
-        (value,) = self.service[key]
-        return value
-
-    def environment(self) -> dict[str, str]:
-        return dict(item.split("=", 1) for value in self.service.get("Environment", [])
-                    for item in shlex.split(value))
-
-    def command(self, variables: dict[str, str]) -> list[str]:
-        """ExecStart's words, ${NAME} replaced as systemd does, the binary this environment's."""
-        words = [re.sub(r"\$\{(\w+)\}", lambda m: variables[m.group(1)], word)
-                 for word in shlex.split(self.one("ExecStart"))]
-        assert words[0] == BINARY
-        return [*WATCHDOG, *words[1:]]
-
-    def credentials(self) -> list[str]:
-        return [value.partition(":")[0] for value in self.service["LoadCredential"]]
-
-    def capabilities(self) -> set[str]:
-        return set(self.one("CapabilityBoundingSet").split())
-
-    def for_analysis(self, tmp: Path) -> Path:
-        """A copy whose ExecStart runs this environment's `watchdog`: verify checks it exists."""
-        copy = tmp / self.path.name
-        here = shutil.which("watchdog", path=str(Path(sys.executable).parent))
-        assert here is not None
-        copy.write_text(self.path.read_text().replace(f"ExecStart={BINARY} ", f"ExecStart={here} "))
-        return copy
 
 
 def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -102,6 +47,26 @@ def test_unit_verifies_clean_and_is_hardened(name: str, tmp_path: Path) -> None:
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout)
     assert match, security.stdout + security.stderr
     assert float(match.group(1)) <= EXPOSURE_LIMIT[name], security.stdout
+
+
+@pytest.mark.parametrize("name", ["agent", "coordinator"])
+def test_the_filter_as_tests_build_it_is_the_filter_systemd_reads(name: str,
+                                                                   tmp_path: Path) -> None:
+    """tests/helpers/units.py merges SystemCallFilter= lines as systemd does: for each set that
+    the security report checks, systemd-analyze finds a call of it allowed exactly when the
+    model does, and the call it names is one the model allows."""
+    unit = Unit.read(name)
+    allow_list, calls = syscall_filter(unit.service["SystemCallFilter"])
+    report = json.loads(systemd_analyze("security", "--offline=true", "--json=short",
+                                        str(unit.for_analysis(tmp_path))).stdout)
+    checks = {c["name"].removeprefix("SystemCallFilter=~"): c for c in report
+              if c["name"].startswith("SystemCallFilter=~@")}
+    assert allow_list and len(checks) >= 10, report
+    for group, check in checks.items():
+        allowed = syscall_set(group) & calls
+        assert check["set"] == (not allowed), (group, check, sorted(allowed))
+        named = re.search(r"e\.g\. (\w+) is allowed", check["description"])
+        assert (named.group(1) if named else None) in (allowed or {None}), (group, check)
 
 
 def test_the_agent_holds_two_capabilities_and_no_file_override() -> None:
@@ -125,73 +90,6 @@ def test_the_tmpfiles_entry_makes_a_root_owned_sticky_beacon_directory(tmp_path:
 
 
 # -- the agent's capabilities, against a process and a beacon of another user -----------------
-
-PROBE = """
-import asyncio, os, signal, subprocess, sys
-from agent import procfs, userfiles, verify
-pid, beacon, private, py_spy = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-def attempt(name, action):
-    try:
-        action()
-        print(name, "ok")
-    except Exception as e:
-        print(name, "denied", type(e).__name__)
-def dump():
-    subprocess.run([py_spy, "dump", "--pid", str(pid)], check=True, capture_output=True)
-def environ():  # how the agent verifies a worker
-    assert (procfs.read_environ(pid) or {}).get("MARK") == "worker"
-attempt("ptrace", dump)
-attempt("environ", environ)
-attempt("signal", lambda: os.kill(pid, signal.SIGCONT))
-attempt("remove", lambda: os.remove(beacon))
-attempt("read_private", lambda: open(private, "rb").read())
-attempt("fd_links", lambda: os.listdir(f"/proc/{pid}/fd"))
-def read_as_owner():  # how the agent reads a worker's log
-    owner = verify.credentials(pid)
-    assert asyncio.run(userfiles.tail_as(owner, private, follow=False)) == ["x"]
-attempt("read_as_owner", read_as_owner)
-"""
-
-
-@pytest.fixture
-def other_users_worker() -> Iterator[tuple[int, Path]]:
-    """A Python process of `nobody` (the system's interpreter: this one's may sit in a home
-    `nobody` cannot enter), and a sticky 1777 directory like the beacon directory, in which
-    `nobody` made its own, as its ranks do."""
-    with tempfile.TemporaryDirectory(prefix="watchdog-caps-") as top:
-        Path(top).chmod(0o755)
-        shared = Path(top) / "beacons"
-        shared.mkdir()
-        shared.chmod(0o1777)
-        subprocess.run([*UNPRIVILEGED, "mkdir", "-m", "755", str(shared / "nobody")], check=True)
-        proc = subprocess.Popen([*UNPRIVILEGED, SYSTEM_PYTHON, "-c",
-                                 "import time; print(flush=True); time.sleep(60)"],
-                                stdout=subprocess.PIPE, env={"MARK": "worker"},
-                                start_new_session=True)  # SIGCONT is free within a session
-        try:
-            assert proc.stdout is not None and proc.stdout.readline()  # it is running Python
-            yield proc.pid, shared
-        finally:
-            proc.kill()
-            proc.wait()
-
-
-def probe(caps: set[str], pid: int, shared: Path) -> dict[str, str]:
-    """What root can do to `nobody`'s process and files holding `caps` alone, as the unit's
-    CapabilityBoundingSet= and NoNewPrivileges= leave it."""
-    beacon = shared / "nobody" / f"job.rank0.pid{pid}.beacon"
-    private = shared / "private"
-    for path, mode in ((beacon, 0o644), (private, 0o600)):
-        subprocess.run([*UNPRIVILEGED, "sh", "-c", f"umask 077; echo x > {path}; chmod "
-                        f"{mode:o} {path}"], check=True)
-    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    out = subprocess.run([*holding(caps), sys.executable, "-c", PROBE, str(pid), str(beacon),
-                          str(private), str(py_spy)],
-                         capture_output=True, text=True, timeout=60, check=True)
-    private.unlink(missing_ok=True)
-    beacon.unlink(missing_ok=True)
-    return {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
-
 
 def test_the_agents_capabilities_are_enough_and_each_is_needed(
         other_users_worker: tuple[int, Path]) -> None:
@@ -267,7 +165,7 @@ def test_daemons_run_with_the_units_arguments_credentials_and_state(
                    for word in unit.command(env)]
             notified[name] = notify_socket(tmp_path / f"notify-{name}")
             daemons[name] = subprocess.Popen(
-                as_unit_runs(unit, cmd), text=True, stdout=subprocess.PIPE,
+                [*under_unit(unit), *cmd], text=True, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env={
                     **job_env(tmp_path), **env, "NOTIFY_SOCKET": notified[name].path,
                     "WATCHDOG_USEC": "2000000"})  # WatchdogSec=2: pings within the test's time
@@ -298,21 +196,6 @@ def test_daemons_run_with_the_units_arguments_credentials_and_state(
             print(stop_process(proc))
         for notifications in notified.values():
             notifications.sock.close()
-
-
-def as_unit_runs(unit: Unit, cmd: list[str]) -> list[str]:
-    """`cmd` as root with the unit's capabilities alone; the coordinator (DynamicUser=, no
-    capabilities) is not switched to a fresh user here."""
-    if unit.service.get("DynamicUser") == ["yes"]:
-        return cmd
-    return [*holding(unit.capabilities()), *cmd]
-
-
-def holding(caps: set[str]) -> list[str]:
-    """setpriv leaving root `caps` alone, and no new privileges: what CapabilityBoundingSet=
-    and NoNewPrivileges= leave a root service."""
-    bounding = ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in sorted(caps))])
-    return ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs"]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = STARTUP_S) -> bool:
