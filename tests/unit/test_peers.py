@@ -7,7 +7,15 @@ import ipaddress
 import os
 import socket
 
-from watchdog.transport.peers import local_caller_refusal, owner, parse_peer, socket_owner
+import pytest
+
+from watchdog.transport.peers import (
+    endpoint,
+    local_caller_refusal,
+    owner,
+    parse_peer,
+    socket_owner,
+)
 
 # Captured from /proc/net/tcp on x86-64: root connected from 127.0.0.1:43707 (0xAABB) to a
 # listener on 55241 (0xD7C9) and closed first (TIME_WAIT, its uid shown as 0); then `nobody`
@@ -48,16 +56,19 @@ def test_two_matches_or_a_garbled_line_are_no_answer() -> None:
 
 def test_peers_as_grpc_names_them() -> None:
     assert parse_peer("ipv4:127.0.0.1:5000") == (ipaddress.ip_address("127.0.0.1"), 5000)
+    assert parse_peer("ipv6:%5B::1%5D:5000") == (ipaddress.ip_address("::1"), 5000)
     assert parse_peer("ipv6:[::1]:5000") == (ipaddress.ip_address("::1"), 5000)
     assert parse_peer("ipv6:[::ffff:127.0.0.1]:5000") == (ipaddress.ip_address("127.0.0.1"), 5000)
     assert parse_peer("unix:/tmp/x.sock") is None
 
 
-def test_this_processs_own_connection_is_its_own_and_no_one_elses_is_trusted() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server, \
-            socket.create_connection(server.getsockname()) as client:
-        host, port = client.getsockname()
-        caller = (ipaddress.ip_address(host), port)
+@pytest.mark.parametrize(("family", "host"), [(socket.AF_INET, "127.0.0.1"),
+                                              (socket.AF_INET6, "::1")])
+def test_this_processs_own_connection_is_its_own_and_no_one_elses_is_trusted(
+        family: socket.AddressFamily, host: str) -> None:
+    with socket.create_server((host, 0), family=family) as server, \
+            socket.create_connection(server.getsockname()[:2]) as client:
+        caller = endpoint(*client.getsockname()[:2])
         server_port = server.getsockname()[1]
         assert socket_owner(caller, server_port) == os.geteuid()
         assert local_caller_refusal(caller, server_port) == ""

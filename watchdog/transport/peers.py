@@ -16,6 +16,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Iterable
+from urllib.parse import unquote
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Endpoint = tuple[IpAddress, int]
@@ -24,11 +25,12 @@ _ESTABLISHED = "01"
 
 
 def parse_peer(peer: str) -> Endpoint | None:
-    """('127.0.0.1', 54321) from gRPC's 'ipv4:127.0.0.1:54321' or 'ipv6:[::1]:54321'."""
+    """('127.0.0.1', 54321) from gRPC's 'ipv4:127.0.0.1:54321' or 'ipv6:%5B::1%5D:54321' (a URI:
+    its brackets percent-encoded)."""
     kind, _, rest = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return None
-    host, _, port = rest.rpartition(":")
+    host, _, port = unquote(rest).rpartition(":")
     try:
         return endpoint(host.strip("[]"), int(port))
     except ValueError:
