@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,6 @@ from watchdog.transport.auth import (
     load_token,
     server_security,
 )
-from watchdog.transport.peers import loopback_caller_uid, parse_peer, socket_owner
 from watchdog.transport.roles import CONNECT, STATUS, Guard, Role, allowed_roles
 
 
@@ -156,15 +153,3 @@ def test_plain_configuration_has_no_credentials() -> None:
     ("[::]:29450", False), ("10.1.2.3:29450", False), ("node-a:29450", False)])
 def test_loopback_addresses(address: str, loopback: bool) -> None:
     assert is_loopback(address) is loopback
-
-
-def test_a_loopback_caller_is_known_by_the_owner_of_its_socket() -> None:
-    assert parse_peer("ipv4:127.0.0.1:5000") is not None
-    assert parse_peer("ipv6:[::1]:5000") is not None
-    assert parse_peer("unix:/tmp/x.sock") is None
-    with socket.create_server(("127.0.0.1", 0)) as server, \
-            socket.create_connection(server.getsockname()) as client:
-        host, port = client.getsockname()
-        assert loopback_caller_uid(f"ipv4:{host}:{port}") == os.geteuid()
-    assert loopback_caller_uid("ipv4:10.1.2.3:5000") is None
-    assert socket_owner(*parse_peer("ipv4:127.0.0.1:1")) is None  # type: ignore[misc]

@@ -56,8 +56,8 @@ class CoordinatorCommand:
                                            "Alertmanager")
         p.add_argument("--web-listen", metavar="HOST:PORT",
                        help="also serve a read-only web view of jobs, ranks and incidents "
-                            "here (off by default; with a token, readers sign in with it; "
-                            "without one, loopback only)")
+                            "here (off by default; with a token, readers sign in with the "
+                            "reader's or control's; without one, root and this user only)")
 
     def run(self, args: argparse.Namespace) -> int:
         from watchdog.cli.service import Vitals, daemon_services
@@ -65,6 +65,7 @@ class CoordinatorCommand:
         from watchdog.coordinator.gauges import keep_sampled
         from watchdog.coordinator.webhook import Webhooks
         from watchdog.transport import Health, server_security, start_server
+        from watchdog.transport.roles import role_tokens
         from watchdog.web import WebAuth
 
         security = server_security(
@@ -79,9 +80,9 @@ class CoordinatorCommand:
         webhooks = Webhooks(args.notify_webhook)
         if webhooks.hooks:
             coordinator.listeners.append(webhooks)
-        # The web view shows what Status does: the reader's token opens it.
+        # The web view shows what Status does, to whom Status would.
         web_auth = (None if args.web_listen is None
-                    else WebAuth(security.tokens(["reader"]).get("reader"), args.web_listen))
+                    else WebAuth(role_tokens(security), args.web_listen))
 
         async def serve(stop: asyncio.Event) -> None:
             health = await Health.create()

@@ -1,59 +1,103 @@
 """Who is calling over loopback TCP (coordinator process, Linux): the uid that owns the caller's
 socket, from /proc/net/tcp and tcp6. A coordinator without a token serves only its own user and
-root; gRPC tells it the caller's address and port, and the kernel's socket table tells whose
-socket has that address and port.
+root, on gRPC and the web view alike; the server knows the caller's address and port, and the
+kernel's socket table tells whose socket that is.
+
+Only a connection that is up now counts: the one ESTABLISHED socket whose local end is the
+caller's address and port and whose remote end is our own port on loopback. The table also
+lists closed connections (TIME_WAIT, owned by uid 0 whoever made them) and sockets to other
+servers that share the caller's port; trusting any of those would let a user pass for root.
+More than one match, or a line that does not parse, is no answer.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
+from collections.abc import Iterable
+from urllib.parse import unquote
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Endpoint = tuple[IpAddress, int]
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_ESTABLISHED = "01"
 
 
-def parse_peer(peer: str) -> tuple[IpAddress, int] | None:
-    """('127.0.0.1', 54321) from gRPC's 'ipv4:127.0.0.1:54321' or 'ipv6:[::1]:54321'."""
+def parse_peer(peer: str) -> Endpoint | None:
+    """('127.0.0.1', 54321) from gRPC's 'ipv4:127.0.0.1:54321' or 'ipv6:%5B::1%5D:54321' (a URI:
+    its brackets percent-encoded)."""
     kind, _, rest = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return None
-    host, _, port = rest.rpartition(":")
+    host, _, port = unquote(rest).rpartition(":")
     try:
-        return ipaddress.ip_address(host.strip("[]")), int(port)
+        return endpoint(host.strip("[]"), int(port))
     except ValueError:
         return None
 
 
-def _address(hex_address: str) -> IpAddress:
-    """An address as /proc/net/tcp prints it: 32-bit words in host byte order."""
-    raw = bytes.fromhex(hex_address)
-    if sys.byteorder == "little":
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    address = ipaddress.ip_address(raw)
+def endpoint(host: str, port: int) -> Endpoint:
+    """An address and port as a socket names them; raises ValueError for a host name."""
+    return _unmapped(ipaddress.ip_address(host)), port
+
+
+def _unmapped(address: IpAddress) -> IpAddress:
+    """An IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d: the IPv4 address."""
     mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
     return mapped or address
 
 
-def socket_owner(address: IpAddress, port: int, tables: tuple[str, ...] = _TABLES) -> int | None:
-    """The uid owning the TCP socket bound to (address, port) on this machine, if any."""
+def _endpoint(text: str) -> Endpoint:
+    """An endpoint as /proc/net/tcp prints it: 32-bit words in host byte order, ':', the port."""
+    hex_address, _, hex_port = text.partition(":")
+    raw = bytes.fromhex(hex_address)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return _unmapped(ipaddress.ip_address(raw)), int(hex_port, 16)
+
+
+def owner(lines: Iterable[str], caller: Endpoint, server_port: int) -> int | None:
+    """The uid of the one ESTABLISHED socket in `lines` (a socket table without its header)
+    from `caller` to `server_port` on loopback; None for none, several, or a garbled line."""
+    owners = []
+    for line in lines:
+        fields = line.split()
+        try:
+            local, remote, state, uid = (_endpoint(fields[1]), _endpoint(fields[2]), fields[3],
+                                         int(fields[7]))
+        except (ValueError, IndexError):
+            return None
+        if (state == _ESTABLISHED and local == caller and remote[1] == server_port
+                and remote[0].is_loopback):
+            owners.append(uid)
+    return owners[0] if len(owners) == 1 else None
+
+
+def socket_owner(caller: Endpoint, server_port: int,
+                 tables: tuple[str, ...] = _TABLES) -> int | None:
+    """The uid owning `caller`'s connection to our `server_port` on this machine (`owner`)."""
+    lines: list[str] = []
     for table in tables:
         try:
             with open(table) as f:
-                next(f, None)  # the header
-                for line in f:
-                    fields = line.split()
-                    local, _, local_port = fields[1].partition(":")
-                    if int(local_port, 16) == port and _address(local) == address:
-                        return int(fields[7])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
+                lines += f.readlines()[1:]  # past the header
+        except FileNotFoundError:
+            continue  # no IPv6 on this machine
+        except OSError:
+            return None
+    return owner(lines, caller, server_port)
 
 
-def loopback_caller_uid(peer: str) -> int | None:
-    """The uid of a caller on this machine's loopback; None for any other caller."""
-    parsed = parse_peer(peer)
-    if parsed is None or not parsed[0].is_loopback:
-        return None
-    return socket_owner(*parsed)
+def local_caller_refusal(caller: Endpoint | None, server_port: int) -> str:
+    """Why a caller may not use a daemon that has no token; "" when it may: root and our own
+    user on this machine only. Reads the socket tables: blocking."""
+    if caller is None or not caller[0].is_loopback:
+        who = "a caller from another machine"
+    else:
+        uid = socket_owner(caller, server_port)
+        if uid in (0, os.geteuid()):
+            return ""
+        who = "a caller whose socket it cannot tell" if uid is None else f"uid {uid}"
+    return (f"this coordinator has no token and serves only root and uid {os.geteuid()} on its "
+            f"own machine, not {who}: its operator must give it --token-file")

@@ -11,7 +11,8 @@ on every call before a byte of it is parsed.
 matches no role gets UNAUTHENTICATED; one whose role may not call the method gets
 PERMISSION_DENIED. Without any token the coordinator serves callers on this machine only: a unix
 socket (its file mode decides), or loopback TCP from root or the coordinator's own user (the
-owner of the caller's socket, from the kernel); everyone else gets PERMISSION_DENIED.
+owner of the caller's live connection to the guarded port, from the kernel: `peers`); everyone
+else gets PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import asyncio
 import enum
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
-from watchdog.transport.auth import REFUSED, TOKEN_HEADER, Handler
-from watchdog.transport.peers import loopback_caller_uid
+from watchdog.transport.auth import REFUSED, TOKEN_HEADER, Handler, ServerSecurity
+from watchdog.transport.peers import local_caller_refusal, parse_peer
 from watchdog.transport.proto import watchdog_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,11 @@ def allowed_roles(method: str) -> frozenset[Role]:
     return METHOD_ROLES.get(method, OTHER_METHODS)
 
 
+def role_tokens(security: ServerSecurity) -> dict[Role, str]:
+    """Each role that has a token, with it (`--token-file`'s for every role without its own)."""
+    return {Role(role): token for role, token in security.tokens(r.value for r in Role).items()}
+
+
 def _presented(metadata: Any) -> bytes:
     value = next((v for k, v in metadata or () if k == TOKEN_HEADER), b"")
     return value.encode() if isinstance(value, str) else bytes(value)
@@ -65,6 +70,7 @@ class Guard(grpc.aio.ServerInterceptor):
 
     def __init__(self, tokens: Mapping[Role, str]) -> None:
         self._expected = {role: f"Bearer {token}".encode() for role, token in tokens.items()}
+        self.port = 0  # the TCP port it guards, set once bound: callers are looked up by it
 
     def roles(self, metadata: Any) -> frozenset[Role]:
         """The roles the call's token stands for (every comparison runs: constant time)."""
@@ -81,7 +87,7 @@ class Guard(grpc.aio.ServerInterceptor):
             return handler
         method = details.method
         if not self._expected:
-            return _checked(handler, _local_caller_refusal)
+            return _checked(handler, self._local_caller_refusal)
         roles = self.roles(details.invocation_metadata)
         if not roles:
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, REFUSED, method)
@@ -93,18 +99,12 @@ class Guard(grpc.aio.ServerInterceptor):
                              f"pass the {needed} token", method)
         return handler
 
-
-async def _local_caller_refusal(context: Context) -> str:
-    """Why a caller may not use a coordinator that has no token; "" when it may."""
-    peer = context.peer()
-    if peer.startswith("unix:"):
-        return ""  # the socket's file mode already decided
-    uid = await asyncio.to_thread(loopback_caller_uid, peer)
-    if uid in (0, os.geteuid()):
-        return ""
-    who = "a caller from another machine" if uid is None else f"uid {uid}"
-    return (f"this coordinator has no token and serves only root and uid {os.geteuid()} on its "
-            f"own machine, not {who}: its operator must give it --token-file")
+    async def _local_caller_refusal(self, context: Context) -> str:
+        """Why a caller may not use a coordinator that has no token; "" when it may."""
+        peer = context.peer()
+        if peer.startswith("unix:"):
+            return ""  # the socket's file mode already decided
+        return await asyncio.to_thread(local_caller_refusal, parse_peer(peer), self.port)
 
 
 def _refusing(handler: Handler, code: grpc.StatusCode, message: str, method: str) -> Handler:

@@ -30,7 +30,7 @@ from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, is_
 from watchdog.transport.health import Health, OpenHealth
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
-from watchdog.transport.roles import Guard, Role, certificate_names
+from watchdog.transport.roles import Guard, certificate_names, role_tokens
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ async def start_server(handler: CoordinatorHandler, address: str,
     """Serve on `address` (HOST:PORT, or unix:PATH: plaintext whatever `security` says), with
     the standard health service too when given one; returns the server and the bound port."""
     security = security or ServerSecurity()
-    tokens = {Role(role): token for role, token in security.tokens(r.value for r in Role).items()}
+    tokens = role_tokens(security)
     if not tokens and not is_loopback(address):
         raise UsageError(f"listening on {address} without a token would let anyone who reaches "
                          "it read every job and send reports",
@@ -175,8 +175,8 @@ async def start_server(handler: CoordinatorHandler, address: str,
                               "or listen on 127.0.0.1")
     # Credentials are checked first, so a caller without them never gets a byte parsed.
     # A kubelet probes health without credentials: that service alone is open.
-    interceptors: list[grpc.aio.ServerInterceptor] = [OpenHealth(Guard(tokens)),
-                                                      _RejectUnparsable()]
+    guard = Guard(tokens)
+    interceptors: list[grpc.aio.ServerInterceptor] = [OpenHealth(guard), _RejectUnparsable()]
     # Without SO_REUSEPORT (grpc's default) a second coordinator on a taken port would start
     # and silently share the agents' connections with the first.
     server = grpc.aio.server(interceptors=interceptors,
@@ -194,6 +194,7 @@ async def start_server(handler: CoordinatorHandler, address: str,
     if port == 0 and not address.startswith("unix:"):
         raise CoordinatorUnreachableError(f"cannot listen on {address}",
                                           hint="is another coordinator using that port?")
+    guard.port = port
     if not tokens and not address.startswith("unix:"):
         log.warning("listening on %s without a token: only root and uid %d on this machine may "
                     "call it; pass --token-file to serve other users or nodes", address,

@@ -8,10 +8,12 @@ recent incidents), `/jobs/<job id>`, `/incidents/<id>`, `/login`. Who may read: 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -25,7 +27,12 @@ from watchdog.web.auth import WebAuth
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 32  # threads serving at once; more connections are closed at once
+MAX_CONNECTIONS = 32  # threads serving at once
+# A connection has this long to send its whole request (TLS handshake, headers, form), then it
+# is cut; and when every slot is taken, a new one cuts the oldest still sending. Idle
+# connections, which need no credentials to open, so never keep a reader out.
+REQUEST_DEADLINE_S = 5.0
+SLOT_WAIT_S = 1.0  # for a cut connection's thread to give its slot back
 MAX_FORM_BYTES = 4096
 REQUEST_TIMEOUT_S = 15.0
 RECENT_INCIDENTS = 50
@@ -60,17 +67,24 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.source, self.auth, self.tls = source, auth, tls
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._sending: dict[Any, float] = {}  # connection -> its deadline, until it has sent
+        self._lock = threading.Lock()
         if tls is not None:
             self.socket = tls.wrap_socket(self.socket, server_side=True,
                                           do_handshake_on_connect=False)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            self._cut(self._oldest_sending())
+            if not self._slots.acquire(timeout=SLOT_WAIT_S):
+                self.shutdown_request(request)
+                return
+        with self._lock:
+            self._sending[request] = time.monotonic() + REQUEST_DEADLINE_S
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.request_sent(request)
             self._slots.release()
             raise
 
@@ -78,7 +92,34 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.request_sent(request)
             self._slots.release()
+
+    def request_sent(self, request: Any) -> None:
+        """`request`'s connection has sent all it will: it is served, no longer cut."""
+        with self._lock:
+            self._sending.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Cuts the connections past their deadline (serve_forever calls this every poll)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [request for request, deadline in self._sending.items() if deadline <= now]
+        for request in late:
+            self._cut(request)
+
+    def _oldest_sending(self) -> Any:
+        with self._lock:
+            return min(self._sending, key=self._sending.__getitem__, default=None)
+
+    def _cut(self, request: Any) -> None:
+        """Ends a connection still sending its request: the read its thread waits in returns,
+        and the thread gives its slot back."""
+        with self._lock:
+            if self._sending.pop(request, None) is None:
+                return
+        with contextlib.suppress(OSError):  # the plain socket's: no TLS close to wait for
+            socket.socket.shutdown(request, socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("web view: request from %s failed", client_address, exc_info=True)
@@ -111,6 +152,11 @@ class _Handler(BaseHTTPRequestHandler):
             if not self.server.auth.host_allowed(self.headers.get("Host")):
                 raise PageError(403, "this view answers only requests addressed to the "
                                      "address it listens on")
+            refusal = self.server.auth.peer_refusal(self.client_address,
+                                                    self.server.server_address[1])
+            if refusal:
+                log.warning("web view: refused %s: %s", self.address_string(), refusal)
+                raise PageError(403, refusal)
             code, body, headers = page(path)
         except PageError as e:
             code, body, headers = e.code, error_page(e.code, str(e)), {}
@@ -128,6 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _get(self, path: str) -> tuple[int, str, dict[str, str]]:
+        self.server.request_sent(self.request)
         auth = self.server.auth
         if path == "/login":
             return 200, login_page(self._next(), failed=False), {}
@@ -157,14 +204,15 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_FORM_BYTES:
             raise PageError(413, "form too large")
         form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"))
+        self.server.request_sent(self.request)
         target = local_path(form.get("next", ["/"])[0])
         auth = self.server.auth
         if not auth.required:
             return 303, "", {"Location": target}
-        if not auth.check_token(form.get("token", [""])[0]):
+        cookie = auth.sign_in(form.get("token", [""])[0], secure=self.server.tls is not None)
+        if cookie is None:
             log.warning("web view: wrong token from %s", self.address_string())
             return 401, login_page(target, failed=True), {}
-        cookie = auth.session_cookie(secure=self.server.tls is not None)
         return 303, "", {"Location": target, "Set-Cookie": cookie}
 
     def _next(self) -> str:
