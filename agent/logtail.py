@@ -8,7 +8,8 @@ path that is not a regular file. Other OS errors (permission denied) propagate.
 
 Lines come back decoded leniently and printable: NUL bytes (the hole a copytruncate leaves
 before a writer's next line) and ANSI colour codes are removed, other control characters become
-'?', a carriage return keeps only what a terminal would show, and blank lines are dropped.
+'?', a carriage return keeps only what a terminal would show, blank lines are dropped, and a
+line longer than the wire's texts is cut with a mark (`text.bounded`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 from agent.tailfile import open_owned, read_end
 from watchdog.explain.scan import classify_line
+from watchdog.text import bounded
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")
@@ -39,7 +41,7 @@ def tail_lines(start: int, data: bytes, max_lines: int = 200) -> list[str]:
     raw = (data[1:] if start > 0 else data).split(b"\n")
     if mid_line:
         raw = raw[1:]
-    cleaned = (_clean(line) for line in raw)
+    cleaned = (bounded(_clean(line)) for line in raw)
     return [line for line in cleaned if line.strip()][-max_lines:]
 
 

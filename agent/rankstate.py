@@ -16,7 +16,10 @@ from watchdog.model import (
     Frame,
     GroupProgress,
     RankState,
+    bounded_frames,
 )
+from watchdog.text import bounded
+from watchdog.transport.wire import MAX_REASON_FRAMES
 
 
 def rank_state(worker: Worker, now: float) -> RankState:
@@ -65,9 +68,12 @@ def _members(ranks: tuple[int, ...] | range, world_size: int) -> tuple[int, ...]
 
 
 def _raised(raised: beacon.RaisedException, oom_killed: bool) -> ExitReason:
-    return ExitReason(exception=raised.type, message=raised.message,
-                      frames=tuple(Frame(function, file, line)
-                                   for function, file, line in raised.frames),
+    """The exception the rank's beacon records, within the wire's bounds: its JSON holds
+    whatever the rank wrote there (a line number of any size, 200 tiny frames)."""
+    return ExitReason(exception=bounded(raised.type), message=bounded(raised.message),
+                      frames=bounded_frames([Frame(function, file, line)
+                                             for function, file, line in raised.frames],
+                                            MAX_REASON_FRAMES),
                       oom_killed=oom_killed)
 
 

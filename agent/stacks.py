@@ -27,15 +27,16 @@ from typing import Any
 
 from agent import children, procfs
 from watchdog.errors import PtraceDeniedError, PySpyMissingError
-from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack
-from watchdog.transport.wire import MAX_CHILD_FRAMES
+from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack, bounded_frames
+from watchdog.text import bounded
+from watchdog.transport.wire import MAX_CHILD_FRAMES, MAX_FRAMES
 
 log = logging.getLogger(__name__)
 
 DUMP_TIMEOUT_S = 5.0
 NATIVE_TIMEOUT_S = 3.0
 SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
-MAX_ERROR_CHARS = 512  # of a child's dump failure (the wire takes 4096 at most)
+MAX_ERROR_BYTES = 512  # of a child's dump failure (the wire takes 4096 at most)
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -58,8 +59,10 @@ async def dump_stack(rank: int, pid: int, start_ticks: int, native: bool = False
         return RankStack(rank, pid, error=_gone(pid))
     thread, error = await _dump_main_thread(pid, start_ticks, before.stopped, native)
     if thread is None:
-        return RankStack(rank, pid, error=error, was_stopped=before.stopped)
-    return RankStack(rank, pid, frames=_frames(thread), was_stopped=before.stopped)
+        return RankStack(rank, pid, error=bounded(error), was_stopped=before.stopped)
+    # A recursion thousands deep, or a function named with a megabyte, is cut here, visibly.
+    return RankStack(rank, pid, frames=bounded_frames(_frames(thread), MAX_FRAMES),
+                     was_stopped=before.stopped)
 
 
 async def _dump_main_thread(pid: int, start_ticks: int, stopped: bool, native: bool = False,
@@ -229,7 +232,8 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
                                                 with_locals=index == samples - 1)
         if dumped is not None:
             thread = dumped
-            stacks.append(children.own_frames(_frames(dumped))[:MAX_CHILD_FRAMES])
+            stacks.append(bounded_frames(children.own_frames(_frames(dumped)),
+                                         MAX_CHILD_FRAMES))
     last = procfs.read_stat_of(pid, first.start_ticks)
     if last is None or last.gone:
         return None
@@ -238,7 +242,7 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
     return ChildStack(
         pid, role=DATALOADER_WORKER if worker else "",
         worker_id=children.worker_id(_raw_frames(thread)) if worker and thread else None,
-        state=state, frames=frames, error="" if stacks else error[:MAX_ERROR_CHARS],
+        state=state, frames=frames, error="" if stacks else bounded(error, MAX_ERROR_BYTES),
         moved=moved(stacks), cpu=children.cpu_cores(first, last, loop.time() - start))
 
 

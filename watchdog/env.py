@@ -13,6 +13,7 @@ import socket
 from collections.abc import Mapping
 
 from watchdog.errors import UsageError
+from watchdog.text import bounded
 
 BEACON_DIR = "WATCHDOG_BEACON_DIR"
 JOB_ID = "WATCHDOG_JOB_ID"
@@ -40,17 +41,18 @@ def is_torchrun_worker(env: Mapping[str, str]) -> bool:
 def job_id(env: Mapping[str, str] = os.environ) -> str:
     """WATCHDOG_JOB_ID, else torchrun's run id joined with the rendezvous endpoint; and for
     the workers torchrun restarted, `/attempt<N>`: each attempt is a job of its own, so that an
-    earlier attempt's ranks and exits never count in a later one's verdict."""
+    earlier attempt's ranks and exits never count in a later one's verdict. At most MAX_JOB_ID
+    bytes, a longer one cut with a mark (`text.bounded`)."""
     base = env.get(JOB_ID)
     if not base:
         run_id = env.get("TORCHELASTIC_RUN_ID", "none")
         master = f"{env.get('MASTER_ADDR', socket.gethostname())}:{env.get('MASTER_PORT', '0')}"
         base = f"{run_id}@{master}"
     attempt = int_env(env, ATTEMPT, 0)
-    if attempt <= 0:
-        return base
-    suffix = f"/attempt{attempt}"
-    return base.encode()[:MAX_JOB_ID - len(suffix)].decode(errors="ignore") + suffix
+    suffix = f"/attempt{attempt}" if attempt > 0 else ""
+    # Cut as a beacon keeps it: a worker without the hook, which the agent names from this
+    # environment, is then one job with its hooked peers, and no id is longer than a beacon's.
+    return bounded(base, MAX_JOB_ID - len(suffix)) + suffix
 
 
 def short_hostname() -> str:

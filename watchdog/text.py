@@ -1,9 +1,9 @@
-"""Wording shared by every message for people: clock times, rank lists, and escaping of
-text that came from workers (any process).
+"""Wording shared by every message for people: clock times, rank lists, and escaping and
+bounding of text that came from workers (any process).
 
 One rank-list formatter serves verdicts, tables and `watchdog explain`, so a job's ranks read the
 same wherever they appear; one escaper keeps every string a worker or an agent chose from
-driving the terminal that shows it.
+driving the terminal that shows it; one cutter keeps any such string within a size, visibly.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from typing import Any
+
+MAX_TEXT = 4096  # UTF-8 bytes of any one text a worker controls, wherever it travels
+TRUNCATED = "…[truncated]"
 
 
 def clock(unix_seconds: float) -> str:
@@ -32,6 +35,19 @@ def ranks_text(ranks: Iterable[int]) -> str:
             parts.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)))
             start = end
     return f"ranks {','.join(parts)}"
+
+
+def bounded(text: str, limit: int = MAX_TEXT) -> str:
+    """`text` if it fits in `limit` bytes of UTF-8, else its beginning, cut on a character,
+    with TRUNCATED after it, `limit` bytes in all: a text a worker chose (a job id, a frame's
+    name, a log line) is cut where it enters, never a reason to drop what carries it."""
+    if len(text) * 4 <= limit:  # the common case, without encoding: no character exceeds 4 bytes
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    room = max(0, limit - len(TRUNCATED.encode()))
+    return raw[:room].decode("utf-8", "ignore") + TRUNCATED
 
 
 def printable(text: str) -> str:

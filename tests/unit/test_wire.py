@@ -1,4 +1,5 @@
-"""The protobuf adapter: what goes out comes back equal; what is malformed is rejected."""
+"""The protobuf adapter: what goes out comes back equal; what is too long is cut with a mark;
+what is malformed is rejected, a rank of a report alone."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from watchdog.model import (
     StackReply,
     StackRequest,
 )
+from watchdog.text import MAX_TEXT, TRUNCATED
 from watchdog.transport import wire as _wire
 from watchdog.transport.proto import watchdog_pb2 as pb
 
@@ -79,29 +81,67 @@ def test_stack_reply_round_trip() -> None:
     replace(RANK, job_id=""),
     replace(RANK, rank=4),
     replace(RANK, world_size=0),
+    replace(RANK, rank=0, world_size=_wire.MAX_WORLD + 1),
     replace(RANK, local_rank=-2),
-    replace(RANK, host="h" * (_wire.MAX_TEXT + 1)),
     replace(RANK, last_event_at=math.nan),
     replace(RANK, heartbeat_age=math.inf),
     replace(RANK, progress_age=math.nan),
     replace(RANK, activity=Activity(5.0, main_cpu=math.inf)),
     replace(RANK, activity=Activity(5.0, write_rate=-1.0)),
     replace(RANK, groups=(GroupProgress("1", (0, -5), 1, "all_reduce", 0, 1.0),)),
-    replace(RANK, groups=(GroupProgress("1", (0, 1), 1, "x" * 5000, 0, 1.0),)),
     replace(RANK, exit_reason=ExitReason(signal="\x1b[2J")),
-    replace(RANK, exit_reason=ExitReason("E", "m" * (_wire.MAX_TEXT + 1))),
-    replace(RANK, exit_reason=ExitReason("E", "m", (RAISED.frames[0],) * 65)),
     replace(RANK, attempt=_wire.MAX_ATTEMPT),
     replace(RANK, setup_age=math.nan),
-    replace(RANK, rendezvous="r" * (_wire.MAX_TEXT + 1)),
     replace(RANK, evidence=CheckEvidence(fingerprints=(Fingerprint("loss", "0", 0, 8, 1),))),
     replace(RANK, evidence=CheckEvidence(
         fingerprints=(Fingerprint("batch", "0", 0, 8, 1),) * (_wire.MAX_FINGERPRINTS + 1))),
-    replace(RANK, evidence=CheckEvidence(ddp_change_step=8, ddp_change="x" * 5000)),
 ])
-def test_malformed_rank_states_are_rejected(broken: RankState) -> None:
-    with pytest.raises(MessageRejectedError):
-        through_the_wire(NodeReport("node-a", 1.0, (broken,)))
+def test_a_malformed_rank_state_is_dropped_alone(broken: RankState) -> None:
+    healthy = replace(RANK, rank=2)
+    report = NodeReport("node-a", 1.0, (broken, healthy))
+    assert through_the_wire(report) == replace(report, ranks=(healthy,))
+
+
+def cut(length: int, char: str = "x") -> str:
+    """What a text of `length` characters arrives as."""
+    if length <= MAX_TEXT:
+        return char * length
+    return char * (MAX_TEXT - len(TRUNCATED.encode())) + TRUNCATED
+
+
+@pytest.mark.parametrize("length", [MAX_TEXT, MAX_TEXT + 1, 5000, 100_000])
+def test_texts_over_the_limit_are_cut_with_a_mark_not_refused(length: int) -> None:
+    long = "x" * length
+    sent = replace(RANK, job_id=long, host=long, phase=long, rendezvous=long,
+                   groups=(GroupProgress("1", (0, 1), 1, long, 0, 1.0),),
+                   exit_reason=ExitReason("E", long, (Frame(long, long, 3),)),
+                   evidence=CheckEvidence(ddp_change_step=8, ddp_change=long))
+    got = through_the_wire(NodeReport("node-a", 1.0, (sent,)))
+    assert isinstance(got, NodeReport)
+    rank = got.ranks[0]
+    assert rank.exit_reason is not None and rank.evidence.ddp_change == cut(length)
+    assert {rank.job_id, rank.host, rank.phase, rank.rendezvous, rank.groups[0].entered_op,
+            rank.exit_reason.message, *vars(rank.exit_reason.frames[0]).values()} == {
+        cut(length), 3}
+    assert len(rank.job_id.encode()) <= MAX_TEXT
+
+
+def test_multibyte_texts_are_cut_on_a_character_within_the_limit() -> None:
+    got = through_the_wire(NodeReport("node-a", 1.0, (replace(RANK, phase="é" * 3000),)))
+    assert isinstance(got, NodeReport)
+    phase = got.ranks[0].phase
+    assert phase.endswith(TRUNCATED) and set(phase[:-len(TRUNCATED)]) == {"é"}
+    assert MAX_TEXT - 1 <= len(phase.encode()) <= MAX_TEXT
+
+
+def test_an_exit_reasons_frames_keep_the_innermost() -> None:
+    frames = tuple(Frame(f"f{n}", "t.py", n) for n in range(200))
+    sent = replace(RANK, exit_reason=ExitReason("E", "m", frames))
+    got = through_the_wire(NodeReport("node-a", 1.0, (sent,)))
+    assert isinstance(got, NodeReport) and got.ranks[0].exit_reason is not None
+    assert got.ranks[0].exit_reason.frames == (
+        *frames[:_wire.MAX_REASON_FRAMES - 1],
+        Frame(f"…[{200 - _wire.MAX_REASON_FRAMES + 1} outer frames not shown]", "<truncated>", 0))
 
 
 WORKER = ChildStack(4250, DATALOADER_WORKER, worker_id=1, state="S",
@@ -130,19 +170,43 @@ def test_a_rank_stack_carries_its_children_through_the_wire() -> None:
     (replace(WORKER, state="\x1b"),),
     (replace(WORKER, cpu=math.nan),),
     (replace(WORKER, cpu=-1.0),),
-    (replace(WORKER, error="e" * (_wire.MAX_TEXT + 1)),),
-    (replace(WORKER, frames=(WORKER.frames[0],) * (_wire.MAX_CHILD_FRAMES + 1)),),
 ])
-def test_children_out_of_bounds_are_rejected(broken: tuple[ChildStack, ...]) -> None:
-    with pytest.raises(MessageRejectedError):
-        children_through_the_wire(*broken)
+def test_children_out_of_bounds_drop_their_ranks_stack_alone(
+        broken: tuple[ChildStack, ...]) -> None:
+    healthy = RankStack(2, 4244, (Frame("wait", "t.py", 1),))
+    sent = StackReply(7, "node-a", (RankStack(1, 4243, children=broken), healthy))
+    raw = _wire.stacks_to_pb(sent).SerializeToString()
+    assert _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw)) == replace(
+        sent, stacks=(healthy,))
 
 
-def test_too_many_frames_are_rejected() -> None:
-    frames = tuple(Frame("f", "f.py", n) for n in range(_wire.MAX_FRAMES + 1))
-    raw = _wire.stacks_to_pb(StackReply(1, "n", (RankStack(0, 1, frames),))).SerializeToString()
-    with pytest.raises(MessageRejectedError):
-        _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+def stack_through_the_wire(stack: RankStack) -> RankStack:
+    raw = _wire.stacks_to_pb(StackReply(1, "n", (stack,))).SerializeToString()
+    reply = _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw))
+    assert isinstance(reply, StackReply)
+    return reply.stacks[0]
+
+
+def test_a_deep_stack_keeps_its_innermost_frames_and_says_how_many_are_not_shown() -> None:
+    frames = tuple(Frame("recurse", "f.py", n) for n in range(2000))
+    worker = replace(WORKER, frames=frames, error="e" * 5000)
+    got = stack_through_the_wire(RankStack(0, 1, frames, children=(worker,)))
+    assert got.frames == (*frames[:_wire.MAX_FRAMES - 1],
+                          Frame("…[1489 outer frames not shown]", "<truncated>", 0))
+    child = got.children[0]
+    assert child.frames[:-1] == frames[:_wire.MAX_CHILD_FRAMES - 1]
+    assert child.frames[-1].function == "…[1873 outer frames not shown]"
+    assert child.error == cut(5000, "e")
+
+
+def test_long_log_lines_are_cut_and_only_the_last_lines_kept() -> None:
+    nccl = tuple(f"nccl {n}" for n in range(150))
+    output = ("y" * 10_000, *(f"out {n}" for n in range(99)))
+    got = stack_through_the_wire(RankStack(0, 1, nccl_log=nccl, worker_log=output))
+    assert got.nccl_log == nccl
+    assert got.worker_log == output[-(_wire.MAX_LOG_LINES - 150):]
+    alone = stack_through_the_wire(RankStack(0, 1, worker_log=output))
+    assert alone.worker_log[0] == cut(10_000, "y")
 
 
 def test_an_empty_message_is_rejected() -> None:

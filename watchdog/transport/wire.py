@@ -1,15 +1,20 @@
 """The one adapter between protobuf messages and `model` dataclasses (agent and coordinator).
 
 Every message that arrives is validated here: a malformed one raises MessageRejectedError and
-never reaches the rest of the code.
+never reaches the rest of the code. A text over MAX_TEXT, or a stack too deep or with too many
+log lines, is cut (with a mark) rather than refused; in a node report or a stack reply, a rank
+whose state is impossible is dropped alone: one worker's data never costs its node's report.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
@@ -31,12 +36,18 @@ from watchdog.model import (
     RankState,
     StackReply,
     StackRequest,
+    bounded_frames,
 )
+from watchdog.text import MAX_TEXT, bounded, printable
 from watchdog.transport.proto import watchdog_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-MAX_TEXT = 4096
-MAX_RANK = 1 << 20
+# The largest job the project supports (docs/design.md): a rank claiming a larger world is no
+# rank of any job, and would make every list of "the world's ranks" that large.
+MAX_WORLD = 131_072
+MAX_RANK = MAX_WORLD
 MAX_FRAMES = 512
 MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
@@ -53,12 +64,31 @@ _SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
 MAX_FINGERPRINTS = 64
 FINGERPRINT_OF = frozenset({"parameters", "batch"})
 CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
+M = TypeVar("M")
+T = TypeVar("T")
+
+
+SAY_EVERY_S = 60.0
+_said: dict[str, float] = {}  # what (one of a few fixed words) -> when it was last said
+
+
+def _once(what: str, message: str, *args: object) -> None:
+    """A warning, once a minute at most for each `what`: a rogue agent may send it 5 times a
+    second."""
+    now = time.monotonic()
+    if now - _said.get(what, -SAY_EVERY_S) >= SAY_EVERY_S:
+        _said[what] = now
+        log.warning(message, *args)
 
 
 def _text(value: str, what: str) -> str:
-    if len(value) > MAX_TEXT:
-        raise MessageRejectedError(f"{what} is {len(value)} characters (at most {MAX_TEXT})")
-    return value
+    if len(value) <= MAX_TEXT // 4:  # at most 4 bytes a character: no need to look closer
+        return value
+    cut = bounded(value)
+    if cut != value:
+        _once(what, "an agent sent a %s of %d characters: cut to %d bytes", what, len(value),
+              MAX_TEXT)
+    return cut
 
 
 def _rank(value: int, what: str) -> int:
@@ -75,9 +105,10 @@ def _time(value: float, what: str) -> float:
 
 # Rank states arrive 16k a second at scale: their fields are checked in one expression each, not
 # one call per field. A sum is finite only when every term is (NaN and infinities propagate).
-def _check_texts(*values: str) -> None:
-    if max(map(len, values)) > MAX_TEXT:
-        raise MessageRejectedError(f"a text field is over {MAX_TEXT} characters")
+def _texts(*values: str) -> tuple[str, ...]:
+    if max(map(len, values)) <= MAX_TEXT // 4:
+        return values
+    return tuple(_text(value, "text field") for value in values)
 
 
 def _check_times(total: float) -> None:
@@ -92,8 +123,8 @@ def group_to_pb(g: GroupProgress) -> pb.GroupProgress:
 
 
 def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
-    group, op, entered_at, ranks = m.group, m.entered_op, m.entered_at, tuple(m.ranks)
-    _check_texts(group, op)
+    group, op = _texts(m.group, m.entered_op)
+    entered_at, ranks = m.entered_at, tuple(m.ranks)
     _check_times(entered_at)
     if ranks and (min(ranks) < 0 or max(ranks) >= MAX_RANK):
         raise MessageRejectedError(f"group {group} lists a rank out of range")
@@ -126,9 +157,11 @@ def _frames_to_pb(frames: tuple[Frame, ...]) -> list[pb.Frame]:
 
 def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]:
     if len(frames) > limit:
-        raise MessageRejectedError(f"{len(frames)} frames (at most {limit})")
-    return tuple(Frame(_text(f.function, "function"), _text(f.file, "file"), f.line)
-                 for f in frames)
+        _once("frames", "an agent sent a stack of %d frames: the innermost %d kept", len(frames),
+              limit - 1)
+    # Only the frames kept are converted: a deep stack costs no more than a bounded one.
+    return bounded_frames([Frame(f.function, f.file, f.line) for f in frames[:limit]], limit,
+                          len(frames))
 
 
 def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
@@ -138,10 +171,10 @@ def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
 
 
 def exit_reason_from_pb(m: pb.ExitReason) -> ExitReason:
-    _check_texts(m.exception, m.message)
+    exception, message = _texts(m.exception, m.message)
     if not _SIGNAL.fullmatch(m.signal):
         raise MessageRejectedError(f"{m.signal[:40]!r} is not a signal name")
-    return ExitReason(m.exception, m.message, _frames_from_pb(m.frames, MAX_REASON_FRAMES),
+    return ExitReason(exception, message, _frames_from_pb(m.frames, MAX_REASON_FRAMES),
                       m.signal, m.oom_killed)
 
 
@@ -175,10 +208,10 @@ def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
     if len(m.fingerprints) > MAX_FINGERPRINTS:
         raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
                                    f"{MAX_FINGERPRINTS})")
-    prints = tuple(Fingerprint(f.of, f.group, f.module, f.step, f.digest)
+    prints = tuple(Fingerprint(f.of, _text(f.group, "group name"), f.module, f.step, f.digest)
                    for f in m.fingerprints)
     reuse, change = m.sampler_reuse, m.ddp_module_change
-    _check_texts("", *(f.group for f in prints), change.group, change.change)
+    change_group, change_text = _texts(change.group, change.change)
     if any(f.of not in FINGERPRINT_OF for f in prints):
         raise MessageRejectedError("a fingerprint of something unknown")
     return CheckEvidence(
@@ -186,7 +219,7 @@ def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
         unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
         sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
         ddp_change_step=change.step, ddp_change_module=change.module,
-        ddp_change_group=change.group, ddp_change=change.change)
+        ddp_change_group=change_group, ddp_change=change_text)
 
 
 def rank_to_pb(r: RankState) -> pb.RankState:
@@ -217,14 +250,14 @@ def rank_to_pb(r: RankState) -> pb.RankState:
 
 
 def rank_from_pb(m: pb.RankState) -> RankState:
-    job_id, host, proc_state, phase = m.job_id, m.host, m.proc_state, m.phase
+    job_id, host, proc_state, phase, setup, rendezvous = _texts(
+        m.job_id, m.host, m.proc_state, m.phase, m.setup, m.rendezvous)
     rank, world, local_rank = m.rank, m.world_size, m.local_rank
     if not job_id:
         raise MessageRejectedError("rank state without a job id")
-    if not 0 < world <= MAX_RANK or not 0 <= rank < world or not -1 <= local_rank < MAX_RANK:
+    if not 0 < world <= MAX_WORLD or not 0 <= rank < world or not -1 <= local_rank < MAX_RANK:
         raise MessageRejectedError(f"rank {rank} (local {local_rank}) of world size {world} "
-                                   "is impossible")
-    _check_texts(job_id, host, proc_state, phase, m.setup, m.rendezvous)
+                                   f"is impossible (at most {MAX_WORLD} ranks)")
     if m.attempt >= MAX_ATTEMPT:
         raise MessageRejectedError(f"attempt {m.attempt} is out of range")
     setup_age = m.setup_age if m.HasField("setup_age") else None
@@ -247,7 +280,7 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         pace=Pace(gap_p99=gap_p99, gaps=gaps) if gap_p99 or gaps else NO_PACE,
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
-        attempt=m.attempt, setup=m.setup, setup_age=setup_age, rendezvous=m.rendezvous,
+        attempt=m.attempt, setup=setup, setup_age=setup_age, rendezvous=rendezvous,
         evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE)
 
 
@@ -284,18 +317,24 @@ def _child_from_pb(m: pb.ChildStack) -> ChildStack:
                       error=_text(m.error, "child error"), moved=m.moved, cpu=m.cpu)
 
 
+def _log_lines(lines: Sequence[str], limit: int) -> tuple[str, ...]:
+    """The last `limit` lines (a log's latest lines are the ones that tell), each bounded."""
+    if len(lines) > limit:
+        _once("log lines", "an agent sent %d log lines of one rank: the last %d kept",
+              len(lines), limit)
+    return tuple(_text(line, "log line") for line in lines[max(0, len(lines) - limit):])
+
+
 def _stack_from_pb(m: pb.RankStack) -> RankStack:
-    logs = len(m.nccl_log) + len(m.worker_log)
-    if logs > MAX_LOG_LINES:
-        raise MessageRejectedError(f"stack with {logs} log lines (at most {MAX_LOG_LINES})")
     if len(m.children) > MAX_CHILDREN:
         raise MessageRejectedError(f"stack with {len(m.children)} children (at most "
                                    f"{MAX_CHILDREN})")
     frames = _frames_from_pb(m.frames, MAX_FRAMES)
+    nccl_log = _log_lines(m.nccl_log, MAX_LOG_LINES)
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
-                     nccl_log=tuple(_text(line, "log line") for line in m.nccl_log),
-                     worker_log=tuple(_text(line, "log line") for line in m.worker_log),
+                     nccl_log=nccl_log,
+                     worker_log=_log_lines(m.worker_log, MAX_LOG_LINES - len(nccl_log)),
                      samples=min(max(m.samples, 1), MAX_SAMPLES), moved=m.moved,
                      children=tuple(_child_from_pb(c) for c in m.children))
 
@@ -303,13 +342,28 @@ def _stack_from_pb(m: pb.RankStack) -> RankStack:
 def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:
     body = m.WhichOneof("body")
     if body == "report":
-        return NodeReport(node=_text(m.report.node, "node"),
-                          sent_at=_time(m.report.sent_at, "sent_at"),
-                          ranks=tuple(rank_from_pb(r) for r in m.report.ranks))
+        node = _text(m.report.node, "node")
+        return NodeReport(node=node, sent_at=_time(m.report.sent_at, "sent_at"),
+                          ranks=_each(rank_from_pb, m.report.ranks, node))
     if body == "stacks":
-        return StackReply(request_id=m.stacks.request_id, node=_text(m.stacks.node, "node"),
-                          stacks=tuple(_stack_from_pb(s) for s in m.stacks.stacks))
+        node = _text(m.stacks.node, "node")
+        return StackReply(request_id=m.stacks.request_id, node=node,
+                          stacks=_each(_stack_from_pb, m.stacks.stacks, node))
     raise MessageRejectedError("empty agent message")
+
+
+def _each(convert: Callable[[M], T], messages: Sequence[M], node: str) -> tuple[T, ...]:
+    """Each message converted; one that is malformed is dropped alone, and said (once a
+    reason): a rank's impossible state never costs its node the others'."""
+    kept = []
+    for message in messages:
+        try:
+            kept.append(convert(message))
+        except MessageRejectedError as e:
+            name = type(message).__name__
+            _once(name, "dropped a %s of node %s: %s", name, printable(node),
+                  printable(str(e)))
+    return tuple(kept)
 
 
 def stack_request_to_pb(req: StackRequest) -> pb.CoordinatorMessage:
