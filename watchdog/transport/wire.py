@@ -16,6 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+# The largest job the project supports, which the agent's beacon reader bounds too: a rank
+# claiming a larger world is no rank of any job, and would make every list of "the world's
+# ranks" that large. Imported "as" itself: re-exported.
+from watchdog.beacon.layout import MAX_WORLD as MAX_WORLD
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     CHECK_KINDS,
@@ -44,9 +48,6 @@ from watchdog.transport.proto import watchdog_pb2 as pb
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-# The largest job the project supports (docs/design.md): a rank claiming a larger world is no
-# rank of any job, and would make every list of "the world's ranks" that large.
-MAX_WORLD = 131_072
 MAX_RANK = MAX_WORLD
 MAX_FRAMES = 512
 MAX_LOG_LINES = 200
