@@ -170,6 +170,28 @@ def reports_taken(metrics: int) -> float:
     return value(scrape(metrics), "torch_hang_watchdog_reports_total") or 0.0
 
 
+@contextmanager
+def rogue(address: str, token: str, node: str, job_id: str) -> Iterator[str]:
+    """The rogue agent, as nobody, until the block ends; yields its first line."""
+    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "rogue_agent.py"), address,
+                             token, node, job_id], stdout=subprocess.PIPE, text=True,
+                            env=clean_env(), cwd="/")
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def token_file(scratch: Path, name: str, owner: int = 0) -> str:
+    path = scratch / name
+    path.write_text(f"{name}-0123456789abcdef\n")
+    path.chmod(0o600)
+    os.chown(path, owner, -1)
+    return str(path)
+
+
 def status(address: str, *flags: str, as_user: tuple[str, ...] | list[str] = (),
            human: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*as_user, *WATCHDOG, "status", "--coordinator", address,

@@ -4,50 +4,23 @@ node another connected agent holds, nor answer the stack requests sent to anothe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.helpers.attack import (
     AS_NOBODY,
-    ATTACKERS,
     NOBODY,
     agent,
-    clean_env,
     coordinator,
     hung_job,
     job,
+    rogue,
     scratch_dir,
     status,
+    token_file,
     verdict,
     wait_for,
     worker,
 )
-
-
-@contextmanager
-def rogue(address: str, token: str, node: str, job_id: str) -> Iterator[str]:
-    """The rogue agent, as nobody, until the block ends; yields its first line."""
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "rogue_agent.py"), address,
-                             token, node, job_id], stdout=subprocess.PIPE, text=True,
-                            env=clean_env(), cwd="/")
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def token_file(scratch: Path, name: str, owner: int = 0) -> str:
-    path = scratch / name
-    path.write_text(f"{name}-0123456789abcdef\n")
-    path.chmod(0o600)
-    os.chown(path, owner, -1)
-    return str(path)
 
 
 def test_without_a_token_other_users_can_neither_read_nor_report() -> None:

@@ -16,10 +16,10 @@ from tests.helpers.attack import (
     clean_env,
     coordinator,
     job,
+    rogue,
     scratch_dir,
     status,
 )
-from tests.security.test_coordinator_trust import rogue
 
 
 @contextmanager

@@ -22,9 +22,9 @@ from tests.helpers.attack import (
     clean_env,
     coordinator,
     scratch_dir,
+    token_file,
     wait_for,
 )
-from tests.security.test_coordinator_trust import token_file
 from watchdog.cli.demo import free_port
 from watchdog.web.server import MAX_CONNECTIONS
 
