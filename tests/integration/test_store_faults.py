@@ -11,13 +11,14 @@ import re
 import sqlite3
 import subprocess
 import threading
-import time
+import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.attack import wait_for
 from tests.helpers.daemons import WebDaemons, end_job, start_job, status, wait_for_verdict
 from tests.helpers.harness import WATCHDOG, job_env, stop_process, stored, wait_for_output
 from watchdog.cli.demo import free_port, torchrun_command
@@ -28,7 +29,7 @@ READER_PAUSE_S = 1.0
 
 class Readers:
     """`incidents list`, `status` and the web view, each in turn, until stopped; a failed
-    `incidents list` is kept to be asserted on."""
+    `incidents list` or page of the web view is kept to be asserted on."""
 
     def __init__(self, daemons: WebDaemons) -> None:
         self.daemons = daemons
@@ -49,8 +50,10 @@ class Readers:
             try:
                 with urllib.request.urlopen(f"http://{self.daemons.web}/", timeout=20) as page:
                     page.read()
-            except OSError:
-                pass  # not up yet, or restarting: the coordinator's store is what is tested
+            except urllib.error.HTTPError as e:
+                self.failures.append(f"web view: {e}")
+            except urllib.error.URLError:
+                pass  # not listening yet
             self.rounds += 1
             self._stop.wait(READER_PAUSE_S)  # readers, not a CPU hog slowing the jobs down
 
@@ -69,13 +72,6 @@ def daemons(tmp_path: Path) -> Iterator[WebDaemons]:
         print("\n---\n".join(d.logs))
 
 
-def wait_until(done: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
-        time.sleep(0.2)
-
-
 def printed_ids(logs: list[str]) -> set[str]:
     return set(re.findall(r" incident (\S+): ", "\n".join(logs)))
 
@@ -91,10 +87,14 @@ def test_every_printed_incident_survives_readers_a_second_coordinator_and_sigkil
     try:
         first = wait_for_verdict(daemons.address, "store-a")["verdict"]
         second_log = stop_process(second)  # a second coordinator on the database, gone again
+        seen = [i for i in stored(tmp_path) if i["id"] == first["id"]]  # a reader, live
+        assert seen == [first], f"stored, yet no reader finds it: {sorted(db.parent.iterdir())}"
         holder.execute("BEGIN EXCLUSIVE")  # from now on the database refuses writers
         jobs.append(start_job(tmp_path, *WATCHDOG, "launch", "--", job_id="store-b", nproc=3))
         refused = wait_for_verdict(daemons.address, "store-b")["verdict"]
-        wait_until(spill.exists, f"incident kept aside in {spill}", SPILL_DEADLINE_S)
+        wait_for(lambda: spill.exists() or refused in stored(tmp_path),
+                 f"incident {refused['id']} kept aside in {spill} or found by a reader",
+                 SPILL_DEADLINE_S)
         readers.stop()
         for job in jobs:
             end_job(job)
@@ -103,7 +103,7 @@ def test_every_printed_incident_survives_readers_a_second_coordinator_and_sigkil
         readers.stop()
         holder.close()
     daemons.coordinator = daemons.start_coordinator()  # stores what was kept aside
-    wait_until(lambda: status(daemons.address) is not None, "restarted coordinator", 60)
+    wait_for(lambda: status(daemons.address), "the restarted coordinator")
     kept = {incident["id"]: incident for incident in stored(tmp_path)}
     assert second.returncode == 0, second_log
     assert readers.rounds >= 3 and readers.failures == []
