@@ -1,14 +1,17 @@
-"""A long-running coordinator forgets what it should (a script, not a test):
-`python -m tests.bench.coordinator_soak [--jobs 20000]`.
+"""A long-running coordinator forgets what it should and stores what it prints (a script, not a
+test): `python -m tests.bench.coordinator_soak [--jobs 20000] [--incidents 1000]`.
 
 A real `watchdog coordinator` process is fed short jobs over loopback gRPC by one agent (the real
-CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment, then
-rank 1 dies (exit code 1) and rank 0 ends a moment later; then the job is no longer reported, as
-an agent forgets a job that ended. Jobs overlap (a new one starts every few milliseconds), and
-the coordinator runs with a short --job-retention, so it should forget each job seconds after
-its last report. Printed: the coordinator's RSS and the jobs it follows at the start, the middle
-and the end; the incidents stored; the verdict on the first job and on the last (they should
-read alike, job ids aside).
+CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment; in one
+job of every jobs/incidents, rank 1 dies (exit code 1) and rank 0 ends a moment later (an
+incident), in the others both end cleanly; then the job is no longer reported, as an agent
+forgets a job that ended. Jobs overlap (a new one starts every few milliseconds), and the
+coordinator runs with a short --job-retention, so it should forget each job seconds after its
+last report. Meanwhile readers poll it: `watchdog incidents list` on its database and `watchdog
+status`. Printed: the coordinator's RSS and the jobs it follows at the start, the middle and the
+end; the database's size; the incidents it printed against those stored (equal); the readers'
+rounds and failures; the verdict on the first failing job and on the last (they should read
+alike, job ids aside).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -50,6 +54,7 @@ MIB = 1 << 20
 class Job:
     n: int
     started: float
+    fails: bool  # rank 1 dies first: an incident
     verdict: dict[str, Any] | None = None
 
     @property
@@ -62,23 +67,27 @@ class Job:
             return []
         steps = int(min(age, RUN_S) / 0.05)
         return [self._rank(rank, steps, now, exited=(
-            rank == 1 and age > RUN_S) or age > RUN_S + DYING_S) for rank in (0, 1)]
+            self._dies(rank) and age > RUN_S) or age > RUN_S + DYING_S) for rank in (0, 1)]
+
+    def _dies(self, rank: int) -> bool:
+        return self.fails and rank == 1
 
     def _rank(self, rank: int, steps: int, now: float, exited: bool) -> RankState:
-        end = self.started + RUN_S + (DYING_S if rank == 0 else 0.0)
+        end = self.started + RUN_S + (0.0 if self._dies(rank) else DYING_S)
         return RankState(
             job_id=self.job_id, rank=rank, local_rank=rank, world_size=2, host="soak-node",
             pid=100_000 + self.n * 2 + rank, hooked=True, proc_state="" if exited else "S",
             heartbeat_age=0.1, steps=steps, events=3 * steps, last_event_at=now,
             groups=(GroupProgress("0", (), 2 * steps, "all_reduce", 2 * steps,
                                   self.started + steps * 0.05),),
-            exited_at=end if exited else None, exit_code=(1 if rank == 1 else 0) if exited
-            else None, clean_exit=exited and rank == 0)
+            exited_at=end if exited else None, exit_code=int(self._dies(rank)) if exited
+            else None, clean_exit=exited and not self._dies(rank))
 
 
 @dataclass
 class Feeder:
     total: int
+    failing_every: int  # one job in so many fails
     started_every: float
     jobs: list[Job] = field(default_factory=list)
     outbox: asyncio.Queue[AgentMessage] = field(default_factory=asyncio.Queue)
@@ -93,7 +102,8 @@ class Feeder:
         while True:
             now = time.time()
             due = min(self.total, int((now - begin) / self.started_every) + 1)
-            self.jobs += [Job(n, now) for n in range(len(self.jobs), due)]
+            self.jobs += [Job(n, now, n % self.failing_every == 0)
+                          for n in range(len(self.jobs), due)]
             states = [s for job in self.active(now) for s in job.states(now)]
             self.outbox.put_nowait(NodeReport("soak-node", now, tuple(states)))
             if len(self.jobs) == self.total and not states:
@@ -139,7 +149,8 @@ async def watch(feeder: Feeder, address: str, proc: psutil.Process) -> list[str]
     """Samples of RSS and jobs followed, at the start, the middle and the end; the verdicts on
     the first and the last job once they come."""
     lines: list[str] = []
-    marks = {"start": 1000, "middle": feeder.total // 2, "end": feeder.total}
+    marks = {"start": min(1000, feeder.total // 10), "middle": feeder.total // 2,
+             "end": feeder.total}
     for name, at in marks.items():
         while len(feeder.jobs) < at:
             await asyncio.sleep(0.2)
@@ -150,10 +161,12 @@ async def watch(feeder: Feeder, address: str, proc: psutil.Process) -> list[str]
 
 
 async def judge_edges(feeder: Feeder, address: str) -> None:
-    for index in (0, -1):
-        while len(feeder.jobs) < (1 if index == 0 else feeder.total):
+    """The verdicts on the first failing job and on the last."""
+    last = (feeder.total - 1) // feeder.failing_every * feeder.failing_every
+    for n in (0, last):
+        while len(feeder.jobs) <= n:
             await asyncio.sleep(0.05)
-        job = feeder.jobs[index]
+        job = feeder.jobs[n]
         while job.verdict is None and time.time() - job.started < 30:
             job.verdict = await asyncio.to_thread(verdict_of, address, job.job_id)
 
@@ -167,38 +180,81 @@ async def forgotten(address: str, deadline: float) -> int:
     return followed
 
 
-async def soak(total: int, every: float, address: str, proc: psutil.Process) -> list[str]:
-    feeder = Feeder(total, every)
+@dataclass
+class Readers:
+    """`watchdog incidents list` on the coordinator's database and `watchdog status`, in turn,
+    until the feeding ends: what a user, a dashboard or a cron job does meanwhile."""
+
+    db: str
+    address: str
+    rounds: int = 0
+    failures: int = 0
+
+    async def poll(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            listed = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "watchdog", "incidents", "list", "--json",
+                                 "--db", self.db], capture_output=True, timeout=120)
+            self.failures += listed.returncode != 0
+            try:
+                await asyncio.to_thread(status, self.address)
+            except subprocess.CalledProcessError:
+                self.failures += 1
+            self.rounds += 1
+            await asyncio.sleep(0.5)
+
+
+async def soak(feeder: Feeder, address: str, proc: psutil.Process,
+               readers: Readers) -> list[str]:
     client = CoordinatorClient(address)
     answering = asyncio.create_task(feeder.answer(client))
     edges = asyncio.create_task(judge_edges(feeder, address))
     watching = asyncio.create_task(watch(feeder, address, proc))
+    fed = asyncio.Event()
+    polling = asyncio.create_task(readers.poll(fed))
     begin = time.monotonic()
     await feeder.feed()
     lines = await watching
     await edges
+    fed.set()
+    await polling
     silent = time.monotonic()
     followed = await forgotten(address, silent + RETENTION_S + 6)  # it sweeps every 5 s
     lines.append(f"after {time.monotonic() - silent:.0f}s of silence: RSS "
                  f"{proc.memory_info().rss / MIB:6.1f} MiB, jobs followed {followed}")
-    lines.append(f"{total} jobs fed in {time.monotonic() - begin:.0f}s; stack requests answered: "
-                 f"{feeder.answered}")
-    first, last = feeder.jobs[0].verdict, feeder.jobs[-1].verdict
-    for name, verdict in (("first", first), ("last", last)):
-        lines.append(f"verdict on the {name} job: " + (
-            json.dumps(comparable(verdict)) if verdict else "none within 30 s"))
-    alike = first is not None and last is not None and comparable(first) == comparable(last)
-    lines.append(f"first and last judged alike: {alike}")
+    lines.append(f"{feeder.total} jobs fed in {time.monotonic() - begin:.0f}s; stack requests "
+                 f"answered: {feeder.answered}; readers: {readers.rounds} rounds, "
+                 f"{readers.failures} failed")
+    lines += verdict_lines(feeder)
     answering.cancel()
     await client.close()
     return lines
 
 
+def verdict_lines(feeder: Feeder) -> list[str]:
+    failing = [job for job in feeder.jobs if job.fails]
+    first, last = failing[0].verdict, failing[-1].verdict
+    lines = [f"verdict on the {name} failing job: " + (
+        json.dumps(comparable(verdict)) if verdict else "none within 30 s")
+        for name, verdict in (("first", first), ("last", last))]
+    alike = first is not None and last is not None and comparable(first) == comparable(last)
+    return [*lines, f"first and last judged alike: {alike}"]
+
+
+def db_bytes(db: str) -> int:
+    """The database with its WAL: what the incidents take on disk."""
+    return sum(os.path.getsize(f"{db}{suffix}") for suffix in ("", "-wal")
+               if os.path.exists(f"{db}{suffix}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--incidents", type=int, default=1_000,
+                        help="how many of the jobs fail (one incident each)")
     parser.add_argument("--every", type=float, default=0.01, help="seconds between job starts")
     args = parser.parse_args()
+    feeder = Feeder(args.jobs, max(1, args.jobs // args.incidents), args.every)
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "incidents.db")
         address = f"127.0.0.1:{free_port()}"
@@ -212,14 +268,18 @@ def main() -> None:
             while "listening on" not in log.read_text():
                 assert coordinator.poll() is None, log.read_text()
                 time.sleep(0.1)
-            lines = asyncio.run(soak(args.jobs, args.every, address,
-                                     psutil.Process(coordinator.pid)))
+            lines = asyncio.run(soak(feeder, address, psutil.Process(coordinator.pid),
+                                     Readers(db, address)))
+            lines.append(f"database while it ran: {db_bytes(db) / MIB:.1f} MiB with its WAL")
         finally:
             coordinator.terminate()
             coordinator.wait(30)
+        printed = set(re.findall(r" incident (\S+): ", log.read_text()))
         with sqlite3.connect(db) as conn:
-            (stored,) = conn.execute("SELECT COUNT(*) FROM incidents").fetchone()
-    print("\n".join([*lines, f"incidents stored: {stored} (one per job)"]))
+            stored = {row[0] for row in conn.execute("SELECT id FROM incidents")}
+    failing = sum(job.fails for job in feeder.jobs)
+    print("\n".join([*lines, f"incidents printed {len(printed)}, stored {len(stored)} "
+                     f"({failing} jobs failed), printed and not stored: {len(printed - stored)}"]))
 
 
 if __name__ == "__main__":

@@ -51,24 +51,25 @@ def status(address: str) -> dict[str, Any] | None:
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def wait_for_verdict(address: str) -> dict[str, Any]:
+def wait_for_verdict(address: str, job_id: str = JOB_ID) -> dict[str, Any]:
     """The view of this test's job once it has a verdict (the agent sees every torchrun job on
     the machine; this one is known by its WATCHDOG_JOB_ID)."""
     deadline = time.monotonic() + DIAGNOSIS_DEADLINE_S
     while time.monotonic() < deadline:
         jobs = (status(address) or {"jobs": []})["jobs"]
-        ours = [job for job in jobs if job["job_id"] == JOB_ID]
+        ours = [job for job in jobs if job["job_id"] == job_id]
         if ours and ours[0]["verdict"] is not None:
             return ours[0]
         time.sleep(1)
     raise AssertionError(f"no verdict within {DIAGNOSIS_DEADLINE_S}s: {status(address)}")
 
 
-def start_job(tmp_path: Path, *prefix: str) -> subprocess.Popen[str]:
+def start_job(tmp_path: Path, *prefix: str, job_id: str = JOB_ID,
+              nproc: int = 4) -> subprocess.Popen[str]:
     """The demo job with rank 2 stuck in its data pipeline; `prefix` may inject the hook."""
-    cmd = [*prefix, *torchrun_command(4, "--fault", "data_stall", "--fault-rank", "2",
+    cmd = [*prefix, *torchrun_command(nproc, "--fault", "data_stall", "--fault-rank", "2",
                                       "--fault-step", "4")]
-    return subprocess.Popen(cmd, env={**job_env(tmp_path), "WATCHDOG_JOB_ID": JOB_ID},
+    return subprocess.Popen(cmd, env={**job_env(tmp_path), "WATCHDOG_JOB_ID": job_id},
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -81,3 +82,15 @@ def end_job(job: subprocess.Popen[str]) -> None:
 def job_incidents(tmp_path: Path) -> list[dict[str, Any]]:
     """The stored incidents of this test's job (the agent sees other tests' jobs too)."""
     return [incident for incident in stored(tmp_path) if incident["job_id"] == JOB_ID]
+
+
+class WebDaemons(Daemons):
+    """`Daemons`, the coordinator with its web view on."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.web = f"127.0.0.1:{free_port()}"
+        super().__init__(tmp_path)
+
+    def start_coordinator(self) -> subprocess.Popen[str]:
+        return self._spawn("coordinator", "--listen", self.address, "--stall-timeout", "3",
+                           "--web-listen", self.web)

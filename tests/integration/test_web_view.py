@@ -30,7 +30,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.helpers.browser import screenshot
 from tests.helpers.builders import SITE
-from tests.helpers.daemons import JOB_ID, Daemons, end_job, start_job, wait_for_verdict
+from tests.helpers.daemons import JOB_ID, WebDaemons, end_job, start_job, wait_for_verdict
 from tests.helpers.harness import WATCHDOG, job_env, wait_for_output
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.store import IncidentStore
@@ -85,18 +85,6 @@ def web_coordinator(tmp: Path, *flags: str, web_host: str = "127.0.0.1") -> Iter
 
 
 # -- a real job ------------------------------------------------------------------------------
-
-class WebDaemons(Daemons):
-    """tests.helpers.daemons' coordinator and agent, the coordinator with its web view on."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.web = f"127.0.0.1:{free_port()}"
-        super().__init__(tmp_path)
-
-    def start_coordinator(self) -> subprocess.Popen[str]:
-        return self._spawn("coordinator", "--listen", self.address, "--stall-timeout", "3",
-                           "--web-listen", self.web)
-
 
 def test_web_view_shows_a_running_job_and_its_verdict(tmp_path: Path, browser: Any) -> None:
     daemons = WebDaemons(tmp_path)

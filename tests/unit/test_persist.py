@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.store import IncidentStore
 
@@ -97,3 +98,41 @@ def test_the_database_and_its_companions_are_the_owners_alone(tmp_path: Path) ->
     path.chmod(0o644)  # left open by an older version: closed again on the next open
     IncidentStore(str(path)).open()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_refused_incident_is_kept_aside_at_once_for_a_process_killed_before_close(
+        tmp_path: Path) -> None:
+    path = tmp_path / "incidents.db"
+    store = IncidentStore(str(path), busy_timeout=0.05)
+    store.open()
+    holder = locked(path)
+
+    async def scenario() -> None:
+        saver = IncidentSaver(store)
+        assert not await saver.save(incident(1))
+        assert not await saver.save(incident(2))  # no close: as after a SIGKILL
+
+    asyncio.run(scenario())
+    holder.rollback()
+    assert [json.loads(t)["id"] for t in IncidentStore(str(path)).list_json()] == ["i2", "i1"]
+    assert not Path(f"{path}.pending").exists()
+
+
+def test_an_incident_the_database_refuses_is_kept_aside_before_it_is_told(
+        tmp_path: Path) -> None:
+    path = tmp_path / "incidents.db"
+    store = IncidentStore(str(path), busy_timeout=1.5)  # longer than the wait before telling
+    store.open()
+    holder = locked(path)
+    hub = Coordinator(store, StallPolicy())
+
+    async def told() -> bool:
+        await hub._store(incident(1))  # what `_announce` awaits before it tells anyone
+        kept = Path(f"{path}.pending").exists()
+        await hub.saver.close()
+        return kept
+
+    try:
+        assert asyncio.run(told())
+    finally:
+        holder.rollback()

@@ -70,6 +70,10 @@ TIERS = {
     "a background thread works while the main one waits for it: busy": (
         culprit_is(WRITER_THREAD), Kind.RANK_BUSY),
     "its Python stack moves between samples: busy": (culprit_is(moved=True), Kind.RANK_BUSY),
+    "runnable yet starved of CPU by other work on the node: busy": (
+        culprit_is(POLLING, proc_state="R"), Kind.RANK_BUSY),
+    "runnable while spinning in a CUDA synchronize: hung": (
+        culprit_is(POLLING, proc_state="R", frames=SYNCHRONIZE), Kind.MISSING_RANKS),
     "D state and nothing else: wedged": (culprit_is(proc_state="D"), Kind.RANK_WEDGED),
     "no Python for 30 s and no CPU: wedged": (
         culprit_is(heartbeat_age=30.0), Kind.RANK_WEDGED),

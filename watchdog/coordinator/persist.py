@@ -4,8 +4,9 @@ process).
 SQLite blocks: on a locked database, for its whole busy timeout. The event loop never waits for
 it: every call runs in one thread of its own. An incident the database refuses is kept, in
 order, and stored when the database works again (retried every RETRY_S); meanwhile it is
-printed and acted on like any other. What is still pending when the coordinator stops goes to a
-file beside the database, which the next process to open it stores.
+printed and acted on like any other. It is also written at once to a file beside the database
+(`IncidentStore.spill`), which the next process to open the database stores: a coordinator
+killed while the database fails loses none of what it printed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class IncidentSaver:
     def __init__(self, store: IncidentStore) -> None:
         self.store = store
         self.pending: list[dict[str, Any]] = []  # oldest first
+        self._aside = 0  # how many of `pending`, from the oldest, are in the spill file
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="incident-db")
         self._lock = asyncio.Lock()
         self._failing = False
@@ -49,19 +51,42 @@ class IncidentSaver:
         async with self._lock:
             while self.pending:
                 try:
-                    await self._call(self.store.add, self.pending[0])
+                    await self._store_first()
                 except _FAILURES as e:
                     if not self._failing:
                         log.error("cannot store incidents in %s: %s; keeping them and retrying "
                                   "every %.0fs", self.store.path, str(e).split("\n")[0], RETRY_S)
                     self._failing = True
+                    await self._keep_aside()
                     return False
-                self.pending.pop(0)
             if self._failing:
                 log.info("the incident database %s works again: stored what was pending",
                          self.store.path)
                 self._failing = False
             return True
+
+    async def _store_first(self) -> None:
+        """Store the oldest pending incident; those kept aside all at once, from their file
+        (whoever opened the database since may have stored them already)."""
+        if self._aside:
+            await self._call(self.store.take_spilled)
+            del self.pending[:self._aside]
+            self._aside = 0
+        else:
+            await self._call(self.store.add, self.pending[0])
+            self.pending.pop(0)
+
+    async def _keep_aside(self) -> None:
+        """Write what is pending and not yet in the spill file there, so that a SIGKILL, which
+        leaves no time for `close`, loses none of it."""
+        if len(self.pending) == self._aside:
+            return
+        try:
+            await self._call(self.store.spill, self.pending[self._aside:])
+        except OSError as e:  # the disk is full, say: still pending in memory and retried
+            log.warning("cannot keep incidents aside in %s: %s", self.store.spill_path, e)
+            return
+        self._aside = len(self.pending)
 
     async def latest_json(self, job_id: str, kinds: Collection[str]) -> str | None:
         """The newest stored incident of a job among those of `kinds`; None when there is none
@@ -94,7 +119,7 @@ class IncidentSaver:
         database that the next opener stores from (`IncidentStore.spill`)."""
         if self.pending and not await self.flush():
             try:
-                await self._call(self.store.spill, self.pending)
+                await self._call(self.store.spill, self.pending[self._aside:])
                 log.error("%d incidents could not be stored in %s yet: kept in %s, stored the "
                           "next time it opens", len(self.pending), self.store.path,
                           self.store.spill_path)

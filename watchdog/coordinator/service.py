@@ -50,7 +50,10 @@ from watchdog.transport.rpc import AgentMessage, AgentSession
 log = logging.getLogger(__name__)
 
 STACK_SAMPLES = 3  # stacks of each rank when a job stalled: does its Python move?
-SAVE_WAIT_S = 1.0  # how long an incident waits for the database before it is told anyway
+# How long an incident waits for the database, past its busy timeout, before it is told
+# anyway: a locked database has refused it by then and it is kept aside, so what is told
+# survives a SIGKILL; a filesystem that hangs delays the telling no longer than this.
+SAVE_WAIT_S = 1.0
 JOB_RETENTION_S = 600.0
 MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
 SWEEP_S = 5.0
@@ -308,9 +311,11 @@ class Coordinator:
 
     async def _store(self, incident: dict[str, Any]) -> None:
         """Store the incident before anyone hears of it, unless the database keeps it waiting:
-        then it is told now and stored when it can be (the save goes on; a failure is retried)."""
+        then it is told now, kept aside if the database refused it, and stored when it can be
+        (the save goes on; a failure is retried)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.saver.save(incident)), SAVE_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(self.saver.save(incident)),
+                                   self.store.busy_timeout + SAVE_WAIT_S)
 
     async def _announce(self, incident: dict[str, Any]) -> None:
         """Store the incident, then tell the listeners."""

@@ -8,15 +8,21 @@ reaches it only from a thread (`persist`), never from its event loop.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from watchdog.errors import WatchdogError
+
+log = logging.getLogger(__name__)
 
 DB_ENV = "WATCHDOG_DB"
 KEEP_COUNT = 10_000
@@ -80,37 +86,60 @@ class IncidentStore:
         self._db()
 
     def _db(self) -> sqlite3.Connection:
-        """The connection, opened on first use; incidents spilled by an earlier process are
-        stored once, before anything else is done with it."""
+        """The connection, opened on first use; incidents spilled by an earlier process (or a
+        running coordinator whose database fails) are stored once, before anything else is done
+        with it. While they cannot be, they are tried again on each use, and reading goes on."""
         conn = self._connect()
         if not self._spill_taken:
             self._spill_taken = True  # set first: storing them comes back here
             try:
                 self._take_spilled()
-            except BaseException:
+            except (OSError, sqlite3.Error) as e:
                 self._spill_taken = False
-                raise
+                log.warning("cannot store the incidents kept in %s yet: %s", self.spill_path, e)
         return conn
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
         try:
-            _make_private(self.path)
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout,
-                                   check_same_thread=False)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-            except sqlite3.Error:
-                conn.close()
-                raise
-            _make_private(self.path)  # the WAL and shared-memory files it may just have made
+                conn = self._open_connection()
+            except sqlite3.DatabaseError as e:
+                if e.sqlite_errorcode not in _DAMAGED:
+                    raise
+                self._move_aside(e)
+                conn = self._open_connection()
         except (OSError, sqlite3.Error) as e:
             raise WatchdogError(f"cannot open the incident database {self.path}: {e}",
                                 hint="pass --db PATH to a writable location") from e
         self._conn = conn
         return conn
+
+    def _open_connection(self) -> sqlite3.Connection:
+        _make_private(self.path)
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout,
+                               check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _move_aside(self, error: sqlite3.DatabaseError) -> None:
+        """A damaged database is kept, renamed, for whoever wants to rescue it, and a new one
+        takes its place: refusing to start would make a supervised coordinator a crash loop
+        that stores nothing at all."""
+        aside = f"{self.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.rename(self.path + suffix, aside + suffix)
+            except FileNotFoundError:
+                continue
+        log.error("the incident database %s is damaged (%s): moved aside to %s; storing "
+                  "incidents in a new one", self.path, error, aside)
 
     @property
     def spill_path(self) -> str:
@@ -119,24 +148,42 @@ class IncidentStore:
     def spill(self, incidents: list[dict[str, Any]]) -> None:
         """Keep incidents the database refused in a file beside it (JSON lines, 0600): the next
         process that opens the database stores them."""
-        fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as f:
-            f.writelines(incident_json(incident) + "\n" for incident in incidents)
+        while True:
+            fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                         0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink == 0:
+                    continue  # taken and removed while we waited: a new file, then
+                f.writelines(incident_json(incident) + "\n" for incident in incidents)
+                f.flush()
+                os.fsync(fd)
+                return
+
+    def take_spilled(self) -> None:
+        """Store the incidents an earlier process, or this one, kept aside, and remove them."""
+        self._db()
+        self._take_spilled()
 
     def _take_spilled(self) -> None:
         try:
             with open(self.spill_path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+                # flock, not fcntl's locks: closing this file must not touch SQLite's locks.
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                if os.fstat(f.fileno()).st_nlink == 0:
+                    return  # another process took them
+                self._add_lines(f.read().splitlines())
+                os.unlink(self.spill_path)
         except FileNotFoundError:
             return
+
+    def _add_lines(self, lines: list[str]) -> None:
         for line in lines:
             try:
                 incident = json.loads(line)
             except ValueError:
                 continue  # a line cut short when the disk filled up
             self.add(incident)
-        os.unlink(self.spill_path)
 
     def add(self, incident: dict[str, Any]) -> None:
         """Persist one incident: one row per id. Adding an id again stores its newer text in
@@ -209,6 +256,10 @@ class IncidentStore:
             self._conn = None
 
 
+# SQLite's "file is not a database" and "database disk image is malformed".
+_DAMAGED = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+
+
 def _used_bytes(db: sqlite3.Connection) -> int:
     """The bytes of the database's pages in use (its free pages are reused before it grows)."""
     (pages,) = db.execute("PRAGMA page_count").fetchone()
@@ -218,10 +269,17 @@ def _used_bytes(db: sqlite3.Connection) -> int:
 
 
 def _make_private(path: str) -> None:
-    """The database's directory made 0700 when we make it, the database file made 0600, and
-    its companion files that we own and others could read set to 0600."""
+    """The database's directory made 0700 when we make it, the database file created 0600, and
+    the files of it that we own and others could read set to 0600; SQLite gives the WAL and
+    shared-memory files it creates later the database file's mode.
+
+    Nothing here opens a file that already exists: closing any descriptor of a file drops every
+    POSIX lock this process holds on it, SQLite's included, and a process that holds the
+    database open (a coordinator that also serves readers) would then look, to the next
+    process that closes it, as if it were gone: that one deletes the live WAL."""
     Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     for name in (path, f"{path}-wal", f"{path}-shm"):
         try:
             st = os.stat(name)
