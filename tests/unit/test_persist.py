@@ -10,9 +10,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.store import IncidentStore
+from watchdog.errors import WatchdogError
 
 
 def incident(n: int) -> dict[str, Any]:
@@ -136,3 +139,11 @@ def test_an_incident_the_database_refuses_is_kept_aside_before_it_is_told(
         assert asyncio.run(told())
     finally:
         holder.rollback()
+
+
+def test_a_directory_given_as_the_database_keeps_its_mode(tmp_path: Path) -> None:
+    directory = tmp_path / "a-directory"
+    directory.mkdir(mode=0o755)
+    with pytest.raises(WatchdogError):
+        IncidentStore(str(directory)).open()
+    assert directory.stat().st_mode & 0o777 == 0o755  # once, "/" was made 0600

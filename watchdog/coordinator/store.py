@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -285,5 +286,7 @@ def _make_private(path: str) -> None:
             st = os.stat(name)
         except FileNotFoundError:
             continue
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        # Files only: a directory given as the database (even "/") is refused by SQLite, and
+        # must not lose its mode first.
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
             os.chmod(name, 0o600)
