@@ -29,6 +29,14 @@ def locked(path: Path) -> sqlite3.Connection:
     return holder
 
 
+def opened_then_locked(path: Path, busy_timeout: float = 0.05
+                       ) -> tuple[IncidentStore, sqlite3.Connection]:
+    """A store that opened its database, which another connection then locked."""
+    store = IncidentStore(str(path), busy_timeout=busy_timeout)
+    store.open()
+    return store, locked(path)
+
+
 def test_a_locked_database_keeps_incidents_in_order_until_it_frees(tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
     store = IncidentStore(str(path), busy_timeout=0.05)
@@ -69,9 +77,7 @@ def test_a_newer_text_saved_while_the_first_waits_is_the_one_kept(tmp_path: Path
 
 def test_what_is_pending_at_close_is_stored_by_the_next_opener(tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
-    store = IncidentStore(str(path), busy_timeout=0.05)
-    store.open()
-    holder = locked(path)
+    store, holder = opened_then_locked(path)
 
     async def scenario() -> None:
         saver = IncidentSaver(store)
@@ -106,9 +112,7 @@ def test_the_database_and_its_companions_are_the_owners_alone(tmp_path: Path) ->
 def test_a_refused_incident_is_kept_aside_at_once_for_a_process_killed_before_close(
         tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
-    store = IncidentStore(str(path), busy_timeout=0.05)
-    store.open()
-    holder = locked(path)
+    store, holder = opened_then_locked(path)
 
     async def scenario() -> None:
         saver = IncidentSaver(store)
@@ -124,9 +128,8 @@ def test_a_refused_incident_is_kept_aside_at_once_for_a_process_killed_before_cl
 def test_an_incident_the_database_refuses_is_kept_aside_before_it_is_told(
         tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
-    store = IncidentStore(str(path), busy_timeout=1.5)  # longer than the wait before telling
-    store.open()
-    holder = locked(path)
+    # A busy timeout longer than the wait before telling:
+    store, holder = opened_then_locked(path, busy_timeout=1.5)
     hub = Coordinator(store, StallPolicy())
 
     async def told() -> bool:
