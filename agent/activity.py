@@ -24,14 +24,16 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 class Reading:
     at: float
     main_cpu: float | None  # seconds
+    main_wait: float | None  # seconds the main thread waited, runnable, for a CPU
     process_cpu: float  # seconds
     io: tuple[int, int] | None  # bytes read, written
 
 
 def read(pid: int, at: float, stat: procfs.ProcStat, proc: str = "/proc") -> Reading:
     """The counters of one live process, as of `at`; `stat` is its stat line read just now."""
-    main_ns = procfs.main_thread_cpu_ns(pid, proc)
-    return Reading(at, None if main_ns is None else main_ns / 1e9,
+    sched = procfs.main_thread_sched_ns(pid, proc)
+    return Reading(at, None if sched is None else sched[0] / 1e9,
+                   None if sched is None else sched[1] / 1e9,
                    stat.cpu_ticks / _TICKS_PER_S, procfs.io_bytes(pid, proc))
 
 
@@ -61,6 +63,9 @@ def rates(old: Reading, new: Reading, gpu_util: float | None = None) -> Activity
             else new.process_cpu - old.process_cpu)  # no schedstat: the process bounds it
     read, written = ((new.io[0] - old.io[0], new.io[1] - old.io[1])
                      if new.io is not None and old.io is not None else (0, 0))
+    waited = (new.main_wait - old.main_wait
+              if new.main_wait is not None and old.main_wait is not None else 0.0)
     return Activity(span, max(0.0, main / span),
                     max(0.0, (new.process_cpu - old.process_cpu) / span),
-                    max(0.0, read / span), max(0.0, written / span), gpu_util)
+                    max(0.0, read / span), max(0.0, written / span), gpu_util,
+                    min(1.0, max(0.0, waited / span)))

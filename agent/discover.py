@@ -49,9 +49,9 @@ class BeaconDiscovery:
                     workers.append(worker)
         return workers
 
-    def _refuse(self, found: beaconfiles.Found, why: str) -> None:
+    def _refuse(self, found: beaconfiles.Found, why: str, level: int = logging.WARNING) -> None:
         """Remember a refused beacon until it changes; say so once per file."""
-        level = logging.DEBUG if found.path in self._refused_before else logging.WARNING
+        level = logging.DEBUG if found.path in self._refused_before else level
         log.log(level, "ignoring %s: %s", printable(found.path), printable(why))
         self._refused[found.path] = found.signature
         self._refused_before.add(found.path)
@@ -73,8 +73,8 @@ class BeaconDiscovery:
 
     def _verified(self, found: beaconfiles.Found, fd: int, st: os.stat_result,
                   now: float) -> Worker | None:
-        """The worker of the beacon open at `fd`; None once a stale beacon is removed;
-        BeaconError when it is refused."""
+        """The worker of the beacon open at `fd`; None once a stale beacon is removed, or when
+        its process is gone; BeaconError when it is refused."""
         data = beaconfiles.copy(fd)
         head = beacon.read_head(data)
         ident = head.identity
@@ -85,6 +85,11 @@ class BeaconDiscovery:
             if beaconfiles.remove(found):
                 return None
             raise BeaconError("its process is gone, and the file is not ours to remove")
+        if stat is None or stat.gone:
+            # A rank that ended before the agent looked (a script that failed at once): nothing
+            # to watch, and nothing wrong with the beacon, so no warning on the user's terminal.
+            self._refuse(found, f"process {ident.pid} ended before it was verified", logging.INFO)
+            return None
         why = impossible(ident) or verify.refuse_beacon_writer(
             ident.pid, st, ident.created_at, self._boot, self._proc)
         env = None if why else procfs.read_environ(ident.pid, self._proc)

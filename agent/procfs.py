@@ -67,12 +67,13 @@ def _read_small(path: str) -> bytes | None:
         os.close(fd)
 
 
-def main_thread_cpu_ns(pid: int, proc: str = "/proc") -> int | None:
-    """CPU time of the process's main thread in nanoseconds (schedstat: finer than stat's
-    ticks, and the thread alone: not the helper threads of gloo, NCCL or the hook)."""
+def main_thread_sched_ns(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """The nanoseconds the process's main thread ran, and waited runnable for a CPU (schedstat:
+    finer than stat's ticks, and the thread alone: not the helper threads of gloo, NCCL or the
+    hook). A waiting thread is one sample of the state letter; its wait is measured here."""
     raw = _read_small(f"{proc}/{pid}/task/{pid}/schedstat")
     try:
-        return None if raw is None else int(raw.split()[0])
+        return None if raw is None else (int(raw.split()[0]), int(raw.split()[1]))
     except (ValueError, IndexError):
         return None
 

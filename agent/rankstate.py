@@ -94,7 +94,8 @@ def check_evidence(checks: beacon.CheckState, fingerprints: bool = True) -> Chec
         unsynced_steps=checks.unsynced_steps, sampler_reuses=checks.sampler_reuses,
         sampler_reuse_step=checks.sampler_reuse_step, sampler_epoch=checks.sampler_epoch,
         ddp_change_step=checks.ddp_change_step, ddp_change_module=checks.ddp_change_module,
-        ddp_change_group=checks.ddp_change_group, ddp_change=checks.ddp_change)
+        ddp_change_group=checks.ddp_change_group, ddp_change=checks.ddp_change,
+        nonfinite_step=checks.nonfinite_step, nonfinite_value=checks.nonfinite_value)
 
 
 def _age(now: float, stamp: float) -> float | None:

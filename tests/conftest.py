@@ -1,6 +1,7 @@
 """The tiers: each test is marked with its directory under tests/ (unit, integration, security,
-bench) and with `browser` when it takes the browser fixture, so that `pytest -m unit` is the fast
-loop; a tier this run selects whose machine preflight fails stops the run at once, with the fix."""
+system, bench) and with `browser` when it takes the browser fixture, so that `pytest -m unit` is
+the fast loop; a tier this run selects whose machine preflight fails stops the run at once, with
+the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tests.helpers import preflights
 
 TESTS = Path(__file__).resolve().parent
-TIERS = frozenset({"unit", "integration", "security", "bench"})
+TIERS = frozenset({"unit", "integration", "security", "system", "bench"})
 _checked: set[str] = set()  # tiers whose preflight passed in this process
 
 

@@ -46,6 +46,7 @@ class Kind(_Text):
     DUPLICATE_DATA = "DUPLICATE_DATA"
     SAMPLER_EPOCH_REUSED = "SAMPLER_EPOCH_REUSED"
     DDP_MODULE_CHANGED = "DDP_MODULE_CHANGED"
+    NONFINITE_LOSS = "NONFINITE_LOSS"
 
     @property
     def severity(self) -> Severity:
@@ -69,7 +70,7 @@ class Severity(_Text):
 
 # The findings, in the order of the hook's checks (beacon.CHECK_NAMES; bits of a mask on the wire).
 CHECK_KINDS = (Kind.REPLICA_DESYNC, Kind.NO_GRAD_SYNC, Kind.DUPLICATE_DATA,
-               Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED)
+               Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED, Kind.NONFINITE_LOSS)
 FINDINGS = frozenset(CHECK_KINDS)
 
 
@@ -126,6 +127,7 @@ class Activity:
     read_rate: float = 0.0  # bytes/s read (files, pipes, sockets)
     write_rate: float = 0.0  # bytes/s written
     gpu_util: float | None = None  # percent of the GPU's SMs busy with it; None: unknown
+    main_wait: float = 0.0  # share of the window the main thread was runnable, waiting for a CPU
 
 
 NO_ACTIVITY = Activity()
@@ -138,7 +140,7 @@ class CheckEvidence:
 
     checks: tuple[str, ...] = ()  # the checks the rank's hook runs (Kind.check names)
     fingerprints: tuple[Fingerprint, ...] = ()  # the latest, while new: sent a few times
-    unsynced_steps: int = 0  # optimizer steps since a gradient collective was last seen
+    unsynced_steps: int = 0  # optimizer steps, while no gradient collective was ever seen
     sampler_reuses: int = 0  # shuffling DistributedSampler iterations that repeated an epoch
     sampler_reuse_step: int = 0  # the step of the first, and its epoch
     sampler_epoch: int = 0
@@ -146,6 +148,8 @@ class CheckEvidence:
     ddp_change_module: int = 0
     ddp_change_group: str = ""
     ddp_change: str = ""  # what changed
+    nonfinite_step: int = -1  # the step of the first loss found NaN or infinite; -1: none
+    nonfinite_value: float = 0.0  # ...that loss
 
 
 NO_EVIDENCE = CheckEvidence()

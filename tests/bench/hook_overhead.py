@@ -95,12 +95,14 @@ def event_costs() -> None:
 
 
 def hook_switch(recorder: Recorder) -> Any:
-    """Turns the hook's per-step work on or off: DDP's forward patch, the optimizer step hook
-    and recording. Off, a step runs torch's own code only. With the checks held off, a due
-    check waits for a step with them on: they come every K steps of those."""
+    """Turns the hook's per-step work on or off: DDP's forward patch, Tensor.backward's (the
+    losses kept for the nonfinite_loss check), the optimizer step hook and recording. Off, a
+    step runs torch's own code only. With the checks held off, a due check waits for a step
+    with them on: they come every K steps of those; no loss is kept."""
+    import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    hooked_forward = DistributedDataParallel.forward
+    hooked_forward, hooked_backward = DistributedDataParallel.forward, torch.Tensor.backward
     post_hooks = sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks
     assert len(post_hooks) == 1, "expected the hook's step counter as the only global hook"
     ours = dict(post_hooks)
@@ -112,6 +114,9 @@ def hook_switch(recorder: Recorder) -> Any:
         recorder.enabled = on
         DistributedDataParallel.forward = (  # type: ignore[method-assign]
             hooked_forward if on else hooked_forward.__wrapped__)
+        torch.Tensor.backward = (  # type: ignore[method-assign]
+            hooked_backward if on else hooked_backward.__wrapped__)
+        recorder.checks.losses.watching = mode == HOOKED
         if on:
             post_hooks.update(ours)
         else:

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,12 @@ from watchdog.cli.demo import free_port, torchrun_command
 
 DIAGNOSIS_DEADLINE_S = 120
 JOB_ID = "daemons-test-job"
+# A job whose ranks take 3 steps together, then sleep: a stall with no culprit of its own.
+HANG_AFTER_3_STEPS = ("import time, torch, torch.distributed as dist, watchdog\n"
+                      "dist.init_process_group('gloo')\n"
+                      "for _ in range(3):\n"
+                      "    dist.all_reduce(torch.ones(1)); watchdog.step()\n"
+                      "time.sleep(600)\n")
 
 
 class Daemons:
@@ -54,14 +61,20 @@ def status(address: str) -> dict[str, Any] | None:
 def wait_for_verdict(address: str, job_id: str = JOB_ID) -> dict[str, Any]:
     """The view of this test's job once it has a verdict (the agent sees every torchrun job on
     the machine; this one is known by its WATCHDOG_JOB_ID)."""
+    return until_verdict(lambda: status(address), job_id)
+
+
+def until_verdict(read: Callable[[], dict[str, Any] | None], job_id: str) -> dict[str, Any]:
+    """The view of `job_id` in what `read` returns (`watchdog status --json`, or None while
+    the coordinator is not up) once it has a verdict."""
     deadline = time.monotonic() + DIAGNOSIS_DEADLINE_S
     while time.monotonic() < deadline:
-        jobs = (status(address) or {"jobs": []})["jobs"]
-        ours = [job for job in jobs if job["job_id"] == job_id]
+        ours = [job for job in (read() or {"jobs": []})["jobs"] if job["job_id"] == job_id]
         if ours and ours[0]["verdict"] is not None:
-            return ours[0]
+            view: dict[str, Any] = ours[0]
+            return view
         time.sleep(1)
-    raise AssertionError(f"no verdict within {DIAGNOSIS_DEADLINE_S}s: {status(address)}")
+    raise AssertionError(f"no verdict within {DIAGNOSIS_DEADLINE_S}s: {read()}")
 
 
 def start_job(tmp_path: Path, *prefix: str, job_id: str = JOB_ID,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ WATCHDOG = [sys.executable, "-m", "watchdog"]
 WARMUP_S, FLOOR_S = 60.0, 10.0  # --stall-warmup's and --stall-floor's defaults
 EXIT_HANG_KILLED = 3  # `watchdog run --on-hang kill` after it killed a hung job
 FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
+AVERAGED = str(Path(__file__).parents[1] / "jobs" / "averaged.py")
 
 
 @dataclass
@@ -47,8 +49,15 @@ def machine_share(request: pytest.FixtureRequest,
     """Every agent sees every torchrun job on the machine that has no hook, whichever test
     started it: a test marked `unhooked_job` runs while no other test does (xdist's other worker
     waits), so no other test's agent counts its ranks or judges its job."""
-    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"  # shared by the workers
     alone = request.node.get_closest_marker("unhooked_job") is not None
+    with machine_lock(tmp_path_factory, alone):
+        yield
+
+
+@contextmanager
+def machine_lock(tmp_path_factory: pytest.TempPathFactory, alone: bool) -> Iterator[None]:
+    """The lock `machine_share` takes, for a fixture whose jobs outlive one test."""
+    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"  # shared by the workers
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield
@@ -135,6 +144,21 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
     listed = subprocess.run([*WATCHDOG, "incidents", "list", "--json"], env=job_env(tmp_path),
                             capture_output=True, text=True, check=True)
     return list(reversed(json.loads(listed.stdout)))
+
+
+def warnings(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    """The stored warnings (findings) by kind; each kind once."""
+    found = [i for i in stored(tmp_path) if i["severity"] == "warning"]
+    by_kind = {i["kind"]: i for i in found}
+    assert len(by_kind) == len(found), found
+    return by_kind
+
+
+def assert_said_once(output: str, incident: dict[str, Any]) -> None:
+    """`watchdog run` printed the finding once, with its fix."""
+    assert output.count(f"{incident['kind']} in job ") == 1, output
+    assert output.count(incident["summary"]) == 1, output
+    assert f"fix: {incident['finding']['fix']}" in output
 
 
 def preflight() -> None:

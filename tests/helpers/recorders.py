@@ -12,7 +12,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from watchdog.beacon import CHECK_NAMES, BeaconWriter, Identity
+from watchdog.beacon import (
+    CHECK_NAMES,
+    BeaconWriter,
+    CheckState,
+    Identity,
+    open_beacon,
+    read_beacon,
+)
 from watchdog.hook.recorder import Recorder
 
 ALL = frozenset(CHECK_NAMES)
@@ -42,3 +49,10 @@ def recorder(tmp_path: Path, checks: frozenset[str] = ALL, name: str = "r") -> R
 def steps(rec: Recorder, n: int) -> None:
     for _ in range(n):
         rec.optimizer_stepped(None, None, None)
+
+
+def published(rec: Recorder) -> CheckState:
+    """What the recorder's checks publish, read back from its beacon."""
+    rec.publish()
+    assert rec.writer is not None
+    return read_beacon(open_beacon(rec.writer.path)).checks

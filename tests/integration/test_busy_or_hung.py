@@ -52,8 +52,8 @@ def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
     assert notice["collective"]["op"] == "barrier"
     assert "RANK_BUSY in job" in run.output
     assert "(notice: the job is not hung)" in run.output
-    assert re.search(r"^watchdog: watching job train-\S+: 4 of 4 ranks report$", run.output,
-                     re.MULTILINE), run.output
+    assert re.search(r"^watchdog: watching job train-\S+: 4 of 4 ranks report; hung after ",
+                     run.output, re.MULTILINE), run.output
     # The rank moved on once its checkpoint was written: the stored notice says when, and run
     # said for how long it was busy: from before the notice, and not before the checkpoint began.
     began = fault_time(run.output, "checkpoint")

@@ -19,6 +19,11 @@ def test_demo_names_rank_2_and_keeps_the_jobs_noise_apart(tmp_path: Path) -> Non
     assert "MISSING_RANKS in job " in demo.stdout
     assert "rank 2 (stuck in read_sample_from_storage at train.py:" in demo.stdout
     assert "Traceback" not in demo.stdout + demo.stderr  # torchrun's, after the kill
+    # The banner's step is the culprit's in the table: the steps it finished.
+    banner = re.search(r"after (\d+) steps rank 2 blocks", demo.stdout)
+    row = re.search(r"^\*2 +\S+ +\d+ +STALLED +(\d+) ", demo.stdout, re.MULTILINE)
+    assert banner is not None and row is not None, demo.stdout
+    assert banner[1] == row[1], demo.stdout
     log = re.search(r"The job's own output is in (\S+)\.", demo.stdout)
     assert log is not None, demo.stdout
     assert "Received 15 death signal" in Path(log[1]).read_text()  # torchrun, being ended

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from watchdog.beacon import (
+    CHECK_NAMES,
     EXIT_CLEAN,
     EXIT_EXCEPTION,
     EXIT_RUNNING,
@@ -24,9 +25,11 @@ from watchdog.beacon import (
     read_beacon,
 )
 from watchdog.cli.inject import BOOT_DIR
+from watchdog.hook.checks import FIRST_CHECK
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = BOOT_DIR
+SPAWN_STEPS = FIRST_CHECK + 1  # the first check's batch comes with the step after it
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")
 
 
@@ -225,10 +228,12 @@ def test_boot_never_stops_the_program_and_runs_the_sitecustomize_it_shadows(
 def test_spawned_ranks_record_as_the_rank_init_process_group_gives_them(tmp_path: Path) -> None:
     """torch.multiprocessing.spawn with a tcp:// init method: no RANK anywhere; the rank and
     world size reach the hook through init_process_group's arguments (test_start_up runs one
-    with env://). The parent, armed too, writes no beacon."""
+    with env://). The parent, armed too, writes no beacon. The checks, which the patches bind
+    when torch is imported, before the process knows it is a rank, run too: rank 0 loads other
+    weights after DDP wrapped its model, and its parameters' fingerprint differs."""
     run = subprocess.run(
         [sys.executable, str(REPO / "tests" / "jobs" / "spawn_job.py"), "--nproc", "2",
-         "--init-method", "tcp", "--steps", "3"],
+         "--init-method", "tcp", "--steps", str(SPAWN_STEPS), "--mistake", "load_after_ddp"],
         env=hooked_env(tmp_path), capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     snaps = beacons(tmp_path)
@@ -236,7 +241,13 @@ def test_spawned_ranks_record_as_the_rank_init_process_group_gives_them(tmp_path
     for rank, snap in snaps.items():
         assert (snap.identity.rank, snap.identity.world_size, snap.identity.job_id) == (
             rank, 2, "test-job")
-        assert (snap.exit_state, snap.exit_code, snap.steps) == (EXIT_CLEAN, 0, 3)
+        assert (snap.exit_state, snap.exit_code, snap.steps) == (EXIT_CLEAN, 0, SPAWN_STEPS)
         assert snap.setup.call == ""  # it left init_process_group long ago
         # DDP's constructor's shape check and broadcast, then its forwards
-        assert snap.groups[0].name == "0" and snap.groups[0].entered_seq == 5
+        assert snap.groups[0].name == "0" and snap.groups[0].entered_seq == 2 + SPAWN_STEPS
+        assert snap.checks.enabled == CHECK_NAMES
+        assert sorted((fp.of, fp.step) for fp in snap.checks.fingerprints) == [
+            ("batch", FIRST_CHECK), ("parameters", FIRST_CHECK)]
+    (mine,), (theirs,) = ([fp.digest for fp in snaps[r].checks.fingerprints
+                           if fp.of == "parameters"] for r in (0, 1))
+    assert mine != theirs

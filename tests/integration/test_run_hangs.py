@@ -31,6 +31,11 @@ def test_rank_blocked_in_data_pipeline(watch) -> None:
     assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
     assert "read_sample_from_storage" in run.stack_functions(1)
     assert "read_sample_from_storage" not in run.stack_functions(0)
+    # The verdict is said again last, under torchrun's traceback of the end it was given.
+    assert "SignalException" in run.output
+    last = run.output.rstrip().splitlines()[-1]
+    assert last.startswith("watchdog: ended the hung job after "), run.output
+    assert f"(exit code 3): {run.incident['summary']}; 1 incident (1 hang)" in last
 
 
 def test_rank0_deadlocked_on_a_lock(watch) -> None:

@@ -8,25 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.harness import EXIT_HANG_KILLED, FSDP2, stored
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
+    FSDP2,
+    assert_said_once,
+    stored,
+    warnings,
+)
 
 DEFAULTS = ("--on-hang", "kill")  # every threshold and check at its default
 STEPS = ("--steps", "40")  # checks at steps 8, 16 and 32; an epoch is 16 steps
 EVERY_RANK = [0, 1, 2, 3]
-
-
-def warnings(tmp_path: Path) -> dict[str, dict[str, Any]]:
-    """The stored warnings by kind; each kind once."""
-    found = [i for i in stored(tmp_path) if i["severity"] == "warning"]
-    by_kind = {i["kind"]: i for i in found}
-    assert len(by_kind) == len(found), found
-    return by_kind
-
-
-def assert_said_once(output: str, incident: dict[str, Any]) -> None:
-    assert output.count(f"{incident['kind']} in job ") == 1, output
-    assert output.count(incident["summary"]) == 1, output
-    assert f"fix: {incident['finding']['fix']}" in output
 
 
 def test_rank_0_loading_weights_after_ddp_and_no_sampler_are_warned_and_a_hang_still_ends_it(

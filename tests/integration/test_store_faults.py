@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.attack import wait_for
-from tests.helpers.daemons import WebDaemons, end_job, start_job, status, wait_for_verdict
+from tests.helpers.daemons import (
+    HANG_AFTER_3_STEPS,
+    WebDaemons,
+    end_job,
+    start_job,
+    status,
+    wait_for_verdict,
+)
 from tests.helpers.harness import WATCHDOG, job_env, stop_process, stored, wait_for_output
 from watchdog.cli.demo import free_port, torchrun_command
 
@@ -113,11 +120,6 @@ def test_every_printed_incident_survives_readers_a_second_coordinator_and_sigkil
     assert not spill.exists()
 
 
-JOB = ("import time, torch, torch.distributed as dist, watchdog\n"
-       "dist.init_process_group('gloo')\n"
-       "for _ in range(3):\n"
-       "    dist.all_reduce(torch.ones(1)); watchdog.step()\n"
-       "time.sleep(600)\n")
 
 
 @pytest.fixture
@@ -140,7 +142,7 @@ def test_a_full_filesystem_under_the_database_delays_the_incident_and_loses_none
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
     report = tmp_path / "incident.json"
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(HANG_AFTER_3_STEPS)
     run = subprocess.Popen(
         [*WATCHDOG, "run", "--stall-timeout", "2", "--on-hang", "kill", "--db", str(db),
          "--report", str(report), "--", *torchrun_command(2, script=str(script))],

@@ -1,6 +1,10 @@
 """A small FSDP2 (`fully_shard`) training job on CPU (gloo): each Linear layer sharded, then the
 root. Its collectives (all_gather_single, reduce_scatter_single) are issued from FSDP's Python
 hooks. With --fault-rank R --fault-step N, rank R blocks in its data loading before step N.
+With --hsdp the mesh has a replicate dimension of 2 (HSDP): the shards of one index are
+replicas, whose gradients FSDP all-reduces across the replicate group. Each rank initialises
+its model from a seed of its own (FSDP2 broadcasts nothing): 1-D shards differ by design, HSDP
+replicas must not, unless --seed-alike.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ def read_sample_from_storage(step: int) -> None:
     time.sleep(3600)
 
 
-def sharded_model(world: int) -> torch.nn.Module:
-    mesh = init_device_mesh("cpu", (world,))
+def sharded_model(world: int, hsdp: bool) -> torch.nn.Module:
+    mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            if hsdp else init_device_mesh("cpu", (world,)))
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
                                 torch.nn.ReLU(), torch.nn.Linear(32, 1))
     for layer in model:
@@ -37,10 +42,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--hsdp", action="store_true")
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = sharded_model(world)
+    torch.manual_seed(rank)
+    model = sharded_model(world, args.hsdp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(args.steps):
         if step == args.fault_step and rank == args.fault_rank:

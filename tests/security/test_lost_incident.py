@@ -11,14 +11,9 @@ import sys
 from pathlib import Path
 
 from tests.helpers.attack import WATCHDOG, clean_env, scratch_dir
+from tests.helpers.daemons import HANG_AFTER_3_STEPS
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.store import IncidentStore
-
-JOB = ("import time, torch, torch.distributed as dist, watchdog\n"
-       "dist.init_process_group('gloo')\n"
-       "for _ in range(3):\n"
-       "    dist.all_reduce(torch.ones(1)); watchdog.step()\n"
-       "time.sleep(600)\n")
 
 
 def test_a_locked_database_loses_no_incident_and_stops_no_kill(tmp_path: Path) -> None:
@@ -31,7 +26,7 @@ def test_a_locked_database_loses_no_incident_and_stops_no_kill(tmp_path: Path) -
         try:
             run = subprocess.run(
                 [*WATCHDOG, "run", "--stall-timeout", "2", "--on-hang", "kill", "--db", str(db),
-                 "--report", str(report), "--", sys.executable, "-c", JOB],
+                 "--report", str(report), "--", sys.executable, "-c", HANG_AFTER_3_STEPS],
                 capture_output=True, text=True, timeout=180, cwd="/",
                 env=clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(free_port())))

@@ -16,15 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.attack import AS_NOBODY, WATCHDOG, clean_env, scratch_dir
+from tests.helpers.daemons import HANG_AFTER_3_STEPS
 from watchdog.cli.demo import free_port
 
 PROTECTED_SYMLINKS = Path("/proc/sys/fs/protected_symlinks")
 ROOTS_OWN = "root's own file, which no report may overwrite\n"
-JOB = ("import time, torch, torch.distributed as dist, watchdog\n"
-       "dist.init_process_group('gloo')\n"
-       "for _ in range(3):\n"
-       "    dist.all_reduce(torch.ones(1)); watchdog.step()\n"
-       "time.sleep(600)\n")
 
 
 @pytest.fixture
@@ -59,7 +55,7 @@ def test_reports_never_follow_a_link_planted_in_a_shared_directory(
         run = subprocess.run(
             [*WATCHDOG, "run", "--stall-timeout", "2", "--on-hang", "kill",
              "--db", str(tmp_path / "incidents.db"), "--report", str(report),
-             "--report-html", str(page), "--", sys.executable, "-c", JOB],
+             "--report-html", str(page), "--", sys.executable, "-c", HANG_AFTER_3_STEPS],
             capture_output=True, text=True, timeout=180, cwd="/",
             env=clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port())))

@@ -4,6 +4,7 @@ very process's /proc counters, stack samples that move or do not, and no GPU her
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,14 +17,46 @@ from agent.stacks import moved
 from watchdog.model import NO_ACTIVITY, Activity, Frame
 
 
-def reading(at: float, main: float, process: float, io: tuple[int, int] | None) -> activity.Reading:
-    return activity.Reading(at, main, process, io)
+def reading(at: float, main: float | None, process: float, io: tuple[int, int] | None,
+            waited: float | None = None) -> activity.Reading:
+    return activity.Reading(at, main, waited, process, io)
 
 
 def test_rates_between_two_readings() -> None:
     old, new = reading(10.0, 1.0, 1.5, (1000, 0)), reading(12.0, 2.9, 3.5, (1000, 82_000_000))
     assert activity.rates(old, new) == Activity(2.0, 0.95, 1.0, 0.0, 41_000_000.0)
     assert activity.rates(new, new) is NO_ACTIVITY
+    starved = activity.rates(reading(10.0, 1.0, 1.0, None, 4.0),
+                             reading(12.0, 1.02, 1.0, None, 5.9))
+    assert (round(starved.main_cpu, 3), round(starved.main_wait, 3)) == (0.01, 0.95)
+
+
+def _spinning(policy: str) -> subprocess.Popen[bytes]:
+    """A busy loop on CPU 0, at `policy` (chrt's --other or --idle)."""
+    return subprocess.Popen(["taskset", "-c", "0", "chrt", policy, "0", sys.executable, "-c",
+                             "while True: pass"])
+
+
+def _reading(pid: int) -> activity.Reading:
+    return activity.read(pid, time.time(), procfs.read_stat(pid) or pytest.fail(f"no {pid}"))
+
+
+def test_a_thread_starved_of_cpu_is_seen_waiting_and_a_sleeping_one_is_not() -> None:
+    """At SCHED_IDLE beside a busy loop on its core, a loop waits runnable nearly all the time:
+    the state letter catches that only now and then; schedstat's run delay measures it."""
+    hog, starved = _spinning("--other"), _spinning("--idle")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)  # past the interpreters' start
+        before = [_reading(p.pid) for p in (starved, sleeper)]
+        time.sleep(1.5)
+        after = [_reading(p.pid) for p in (starved, sleeper)]
+        waits = [activity.rates(b, a).main_wait for b, a in zip(before, after, strict=True)]
+        assert waits[0] >= 0.5 and waits[1] < 0.05, waits
+    finally:
+        for proc in (hog, starved, sleeper):
+            proc.kill()
+            proc.wait()
 
 
 def test_without_the_main_threads_counter_the_process_bounds_it() -> None:
@@ -62,7 +95,7 @@ def test_this_process_counters_move_when_it_works(tmp_path: Path) -> None:
 
 def test_a_vanished_process_has_no_counters() -> None:
     gone = 2**22 + 12345
-    assert procfs.main_thread_cpu_ns(gone) is None
+    assert procfs.main_thread_sched_ns(gone) is None
     assert procfs.io_bytes(gone) is None
 
 

@@ -35,8 +35,10 @@ from watchdog.beacon import (
 )
 from watchdog.beacon.layout import (
     ALL_WORLD,
+    FINGERPRINT_OF,
     GROUP_SLOT_SIZE,
     MAGIC,
+    MAX_FINGERPRINTS,
     OFF_CHECKS,
     OFF_FINGERPRINTS,
     OFF_GROUPS,
@@ -135,13 +137,15 @@ def test_beacon_path_keeps_job_ids_file_safe() -> None:
 def test_the_checks_state_round_trips_with_the_progress(tmp_path: Path) -> None:
     writer = make_writer(tmp_path)
     prints = (Fingerprint("parameters", "0", 0, 8, 2**64 - 1),
-              Fingerprint("batch", "group-with-a-long-name-cut-at-32-bytes", 1, 16, 7))
+              Fingerprint("batch", "group-with-a-long-name-cut-at-32-bytes", 1, 16, 7),
+              Fingerprint("optimizer", "1", 0, 8, 5))
     checks = CheckState(("replica_desync", "sampler_epoch_reused"), 5, prints, 12, 2, 40, 1,
-                        64, 1, "3", "dtype of weight: torch.float32 -> torch.float64")
+                        64, 1, "3", "dtype of weight: torch.float32 -> torch.float64", 0,
+                        float("inf"))
     writer.publish(70, [], {}, 1.0, checks=checks)
     snap = read_beacon(open_beacon(writer.path))
     cut = Fingerprint("batch", "group-with-a-long-name-cut-at-32", 1, 16, 7)
-    assert snap.checks == dataclasses.replace(checks, fingerprints=(prints[0], cut))
+    assert snap.checks == dataclasses.replace(checks, fingerprints=(prints[0], cut, prints[2]))
     assert snap.steps == 70
 
 
@@ -162,9 +166,10 @@ def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:
         (lambda b: b[: SIZE - 1], "bytes, expected"),
         (lambda b: b[:16] + struct.pack("<Q", 7) + b[24:], "kept changing"),
         (lambda b: _with_n_groups(b, MAX_GROUPS + 1), "process groups"),
-        (lambda b: _with_u32(b, OFF_CHECKS + 4, 25), "25 fingerprints"),
-        (lambda b: _with_u32(_with_u32(b, OFF_CHECKS + 4, 1), OFF_FINGERPRINTS, 3),
-         "unknown kind 3"),
+        (lambda b: _with_u32(b, OFF_CHECKS + 4, MAX_FINGERPRINTS + 1),
+         f"{MAX_FINGERPRINTS + 1} fingerprints"),
+        (lambda b: _with_u32(_with_u32(b, OFF_CHECKS + 4, 1), OFF_FINGERPRINTS,
+                              len(FINGERPRINT_OF) + 1), f"unknown kind {len(FINGERPRINT_OF) + 1}"),
     ],
 )
 def test_damaged_beacons_raise_beacon_error(tmp_path: Path, damage: Callable[[bytes], bytes],

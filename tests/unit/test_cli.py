@@ -6,6 +6,7 @@ import pytest
 
 from watchdog import __version__
 from watchdog.cli import main
+from watchdog.cli.command import Command
 from watchdog.cli.main import COMMANDS, DAEMONS
 from watchdog.errors import ExitCode
 
@@ -67,3 +68,41 @@ def test_help_lists_each_subcommand_once_and_the_daemons_log_by_default(
               if line.startswith("    ") and not line.startswith("     ")]
     assert listed == names
     assert DAEMONS == ("agent", "coordinator")
+
+
+def help_of(name: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
+def test_each_subcommand_says_what_it_does_with_an_example(
+        command: Command, capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of(command.name, capsys)
+    first = " ".join(command.description.split()[:4])
+    assert first in " ".join(text.split()), text
+    assert f"example:\n  {command.example}\n" in text
+    assert command.example.startswith(("watchdog ", "torchrun ")), command.name
+
+
+def test_help_shows_defaults_and_what_each_option_is(capsys: pytest.CaptureFixture[str]) -> None:
+    coordinator = " ".join(help_of("coordinator", capsys).split())
+    assert "--listen HOST:PORT serve gRPC (agents, `watchdog status`) on HOST:PORT (default: " \
+           "127.0.0.1:29450)" in coordinator
+    assert "~/.local/state/torch-hang-watchdog/incidents.db for other users" in coordinator
+    assert "--stall-floor S adaptive threshold never below S seconds (default 10)" in coordinator
+    for name in ("status", "incidents", "explain"):
+        text = " ".join(help_of(name, capsys).split())
+        assert "--json " in text and "--json --" not in text, text  # a help text follows
+    run = " ".join(help_of("run", capsys).split())
+    assert "(default: report)" in run
+    assert "--stall- floor" not in run  # an option named in a help stays whole
+
+
+def test_an_unknown_option_gets_its_subcommands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = exit_code_and_stderr(["run", "--bogus", "--", "true"], capsys)
+    assert code == ExitCode.USAGE
+    assert err.startswith("usage: watchdog run ")
+    assert "watchdog run: error: unrecognized arguments: --bogus" in err
+    assert "hint: `watchdog run --help` says what it takes" in err

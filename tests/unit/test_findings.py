@@ -209,7 +209,7 @@ def test_a_job_with_a_warning_is_running(one_rank: None, tmp_path: Path) -> None
     text = render_status(status)
     assert f"{JOB}  RUNNING  world size 4" in text
     assert "REPLICA_DESYNC (warning): rank 2: the parameters of DDP module 0 differ" in text
-    assert "  fix: Load checkpoints and change parameters before wrapping" in text
+    assert "  fix: Start every rank from the same weights" in text
 
 
 def test_a_fault_in_the_findings_never_stops_hang_judgement(

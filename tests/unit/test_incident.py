@@ -287,10 +287,11 @@ def test_status_text_lists_jobs_ranks_and_verdict() -> None:
     assert render_status({"jobs": []}) == "no jobs"
 
 
-def test_incident_list_one_line_each() -> None:
+def test_incident_list_a_header_and_one_line_each() -> None:
     record = incident()
     assert render_incident_list([]) == "no incidents"
-    line = render_incident_list([record, record]).splitlines()[0]
+    header, line, _ = render_incident_list([record, record]).splitlines()
+    assert header == "ID            DETECTED             JOB            KIND           SUMMARY"
     expected = "9c1e04d2b7aa  2025-12-02 12:00:45  torchrun-4f2a  MISSING_RANKS  rank 1 "
     assert line.startswith(expected)
 

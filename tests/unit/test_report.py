@@ -181,6 +181,18 @@ def test_missing_and_newer_fields_render() -> None:
     assert "BUSY" in page
 
 
+def test_activity_is_shown_with_units() -> None:
+    record = incident()
+    record["ranks"][1]["activity"] = {"window": 3.02, "main_cpu": 0.0, "process_cpu": 1.5,
+                                      "read_rate": 0, "write_rate": 41.9e6, "gpu_util": None}
+    page = incident_html(record)
+    for shown in ("measured over</td><td class=\"mono\">3.0 s", "main thread CPU</td><td "
+                  "class=\"mono\">0% of a core", "150% of a core", "0 B/s", "41.9 MB/s",
+                  "GPU busy</td><td class=\"mono\">not measured"):
+        assert shown in page
+    assert "main_cpu" not in page and "null" not in page
+
+
 def test_exited_rank_shows_its_exit_on_the_timeline() -> None:
     record = incident()
     row = record["ranks"][1]

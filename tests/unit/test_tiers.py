@@ -32,6 +32,7 @@ WRITING = Activity(window=3.0, main_cpu=0.3, process_cpu=0.3, write_rate=41e6)
 READING = Activity(window=3.0, read_rate=2e6)
 WRITER_THREAD = Activity(window=3.0, process_cpu=0.6)  # the main thread joins a writer thread
 POLLING = Activity(window=3.0, main_cpu=0.001, process_cpu=0.002)  # while True: sleep(0.05)
+STARVED = Activity(window=3.0, main_cpu=0.003, process_cpu=0.004, main_wait=0.97)  # SCHED_IDLE
 SYNCHRONIZE = (  # a CUDA wait: it spins, so its CPU time says nothing
     Frame("synchronize", f"{SITE}/torch/cuda/__init__.py", 985),
     Frame("evaluate", TRAIN, 70),
@@ -71,9 +72,11 @@ TIERS = {
         culprit_is(WRITER_THREAD), Kind.RANK_BUSY),
     "its Python stack moves between samples: busy": (culprit_is(moved=True), Kind.RANK_BUSY),
     "runnable yet starved of CPU by other work on the node: busy": (
-        culprit_is(POLLING, proc_state="R"), Kind.RANK_BUSY),
-    "runnable while spinning in a CUDA synchronize: hung": (
-        culprit_is(POLLING, proc_state="R", frames=SYNCHRONIZE), Kind.MISSING_RANKS),
+        culprit_is(STARVED), Kind.RANK_BUSY),
+    "caught runnable once, yet it waited for no CPU: hung": (
+        culprit_is(POLLING, proc_state="R"), Kind.MISSING_RANKS),
+    "waiting for a CPU while spinning in a CUDA synchronize: hung": (
+        culprit_is(STARVED, frames=SYNCHRONIZE), Kind.MISSING_RANKS),
     "D state and nothing else: wedged": (culprit_is(proc_state="D"), Kind.RANK_WEDGED),
     "no Python for 30 s and no CPU: wedged": (
         culprit_is(heartbeat_age=30.0), Kind.RANK_WEDGED),

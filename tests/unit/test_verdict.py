@@ -574,6 +574,18 @@ def test_ranks_that_raised_alike_are_named_and_the_others_said_to_need_them() ->
         "train.py:262: a bug in the code, not a rank to blame; rank 0 still needed them")
 
 
+INTERRUPTED = dataclasses.replace(SAMPLER_SHUFFLE, exception="KeyboardInterrupt", message="")
+
+
+def test_ranks_the_user_interrupted_are_no_culprits() -> None:
+    """Ctrl-C on torchrun: every worker raises KeyboardInterrupt; the user ended the job."""
+    assert decide(snapshot(*(raised(r, at=3.0 + 0.004 * r, reason=INTERRUPTED) for r in WORLD),
+                           stalled=False)) is None
+    verdict = decide(snapshot(raised(0, at=3.0, reason=INTERRUPTED), raised(1, at=3.2),
+                              rank(2, entered(1, 2.9)), rank(3, entered(1, 2.9)), stalled=False))
+    assert verdict is not None and verdict.culprit_ranks == (1,), verdict
+
+
 ELSEWHERE = dataclasses.replace(SAMPLER_SHUFFLE, frames=(
     Frame("__init__", f"{SITE}/torch/utils/data/dataloader.py", 375), Frame("main", TRAIN, 270)))
 OTHER_TYPE = dataclasses.replace(SAMPLER_SHUFFLE, exception="TypeError")

@@ -40,10 +40,12 @@ RANK = RankState(
     evidence=CheckEvidence(
         checks=("replica_desync", "no_grad_sync"),
         fingerprints=(Fingerprint("parameters", "0", 0, 128, 2**64 - 1),
-                      Fingerprint("batch", "3", 1, 128, 42)),
+                      Fingerprint("batch", "3", 1, 128, 42),
+                      Fingerprint("optimizer", "1", 0, 128, 7)),
         unsynced_steps=3, sampler_reuses=2, sampler_reuse_step=16, sampler_epoch=0,
         ddp_change_step=8, ddp_change_module=1, ddp_change_group="3",
-        ddp_change="dtype of weight: torch.float32 -> torch.float64"))
+        ddp_change="dtype of weight: torch.float32 -> torch.float64", nonfinite_step=0,
+        nonfinite_value=-float("inf")))
 
 
 def through_the_wire(report: NodeReport) -> NodeReport | StackReply:

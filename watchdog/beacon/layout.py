@@ -6,7 +6,9 @@ rank, so there is nothing to migrate):
   1. header, seqlock, liveness stamp, identity, progress, 16 group slots;
   2. the pace (OFF_PACE), in the gap left before the group slots;
   3. the start-up region after the group slots (attempt, set-up call, exit record), and the
-     silent-bug checks with their fingerprints after it.
+     silent-bug checks with their fingerprints after it;
+  4. the first non-finite loss in the checks, room for 32 fingerprints, and fingerprints of
+     the parameters an optimizer steps once their gradients were averaged by hand.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"THWBEACN"
-VERSION = 3
+VERSION = 4
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -22,15 +24,19 @@ ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
 # world in a beacon is a forgery or corruption, not a job. Bounds readers only: not in the bytes.
 MAX_WORLD = 1 << 17
 MAX_EXIT_REASON = 2048  # bytes of UTF-8 JSON: an uncaught exception's type, message and frames
-MAX_FINGERPRINTS = 24  # 4 DDP modules x (parameters, batch) x the last 3 of each
+# 4 DDP modules x (parameters, batch) x the last 3 of each, and the last 3 of 2 process groups
+# over which an optimizer's gradients were averaged by hand
+MAX_FINGERPRINTS = 32
 
 EXIT_RUNNING, EXIT_CLEAN, EXIT_EXCEPTION = 0, 1, 2
 
 # The silent-bug checks a hook can run (`WATCHDOG_CHECKS`); bit i of the beacon's mask is the
 # i-th name. Each is the lower-case name of the finding it feeds.
 CHECK_NAMES = ("replica_desync", "no_grad_sync", "duplicate_data", "sampler_epoch_reused",
-               "ddp_module_changed")
-FINGERPRINT_OF = ("parameters", "batch")  # what a fingerprint is of; stored as index + 1
+               "ddp_module_changed", "nonfinite_loss")
+# What a fingerprint is of (stored as index + 1): a DDP module's parameters, the batch its
+# forward got, the parameters an optimizer steps whose gradients were averaged over a group.
+FINGERPRINT_OF = ("parameters", "batch", "optimizer")
 
 HEADER = struct.Struct("<8sII")  # magic, version, total size
 HEARTBEAT = struct.Struct("<d")
@@ -51,8 +57,9 @@ ATTEMPT = struct.Struct("<I")
 REASON_LEN = struct.Struct("<I")
 SETUP = struct.Struct("<24sd128s")
 # enabled (mask), n_fingerprints, taken, unsynced_steps, sampler_reuses, sampler_reuse_step,
-# sampler_epoch, ddp_change_step, ddp_change_module, ddp_change_group, ddp_change
-CHECKS = struct.Struct("<IIQQQQqQI32s64s4x")
+# sampler_epoch, ddp_change_step, ddp_change_module, ddp_change_group, ddp_change, 1 + the step
+# of the first non-finite loss (0, as a new beacon holds: none) and its value
+CHECKS = struct.Struct("<IIQQQQqQI32s64s4xQd")
 FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
 
 OFF_SEQ = 16

@@ -60,7 +60,8 @@ def _fingerprint(data: bytes, n: int) -> Fingerprint:
 def _checks(data: bytes) -> CheckState:
     """The checks region, copied from OFF_CHECKS on."""
     (mask, n_prints, taken, unsynced, reuses, reuse_step, epoch, change_step,
-     change_module, change_group, change) = layout.CHECKS.unpack_from(data, 0)
+     change_module, change_group, change, nonfinite_after, nonfinite_value
+     ) = layout.CHECKS.unpack_from(data, 0)
     if n_prints > layout.MAX_FINGERPRINTS:
         raise BeaconError(f"beacon claims {n_prints} fingerprints "
                           f"(at most {layout.MAX_FINGERPRINTS})")
@@ -69,7 +70,8 @@ def _checks(data: bytes) -> CheckState:
         taken=taken, fingerprints=tuple(_fingerprint(data, n) for n in range(n_prints)),
         unsynced_steps=unsynced, sampler_reuses=reuses, sampler_reuse_step=reuse_step,
         sampler_epoch=epoch, ddp_change_step=change_step, ddp_change_module=change_module,
-        ddp_change_group=_text(change_group), ddp_change=_text(change))
+        ddp_change_group=_text(change_group), ddp_change=_text(change),
+        nonfinite_step=nonfinite_after - 1, nonfinite_value=nonfinite_value)
 
 
 def _pace(gap_p99: float, gaps: int) -> Pace:

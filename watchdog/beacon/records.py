@@ -89,13 +89,14 @@ NO_PACE = Pace()
 
 @dataclass(frozen=True, slots=True)
 class Fingerprint:
-    """A digest of one DDP module's parameters after optimizer step `step` (of "parameters"), or
-    of the batch its forward received after that step ("batch"): equal on every replica that is
-    in sync."""
+    """A digest of one DDP module's parameters after optimizer step `step` (of "parameters"), of
+    the batch its forward received after that step ("batch"), or of the parameters an optimizer
+    stepped after their gradients were averaged over `group` by hand ("optimizer"): equal on
+    every replica that is in sync."""
 
     of: str  # one of layout.FINGERPRINT_OF
-    group: str  # the DDP module's process group
-    module: int  # which DDP module of its process, in the order they were wrapped
+    group: str  # the DDP module's process group, or the one the gradients were averaged over
+    module: int  # which DDP module (or optimizer) of its process, in the order first seen
     step: int
     digest: int
 
@@ -110,7 +111,7 @@ class CheckState:
     enabled: tuple[str, ...] = ()  # of layout.CHECK_NAMES
     taken: int = 0  # fingerprints taken so far: changes whenever one is added
     fingerprints: tuple[Fingerprint, ...] = ()
-    unsynced_steps: int = 0  # optimizer steps since one was last seen
+    unsynced_steps: int = 0  # optimizer steps, while no gradient collective was ever seen
     sampler_reuses: int = 0  # shuffling DistributedSampler iterations that repeated an epoch
     sampler_reuse_step: int = 0  # the step of the first
     sampler_epoch: int = 0  # ...and its epoch
@@ -118,6 +119,8 @@ class CheckState:
     ddp_change_module: int = 0
     ddp_change_group: str = ""
     ddp_change: str = ""  # what changed: "dtype of weight: torch.float32 -> torch.float64"
+    nonfinite_step: int = -1  # the step of the first loss found NaN or infinite; -1: none yet
+    nonfinite_value: float = 0.0  # ...that loss
 
 
 NO_CHECKS = CheckState()

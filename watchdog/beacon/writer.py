@@ -96,7 +96,8 @@ def _pack_checks(buf: mmap.mmap, checks: CheckState) -> None:
         buf, layout.OFF_CHECKS, mask, len(prints), checks.taken, checks.unsynced_steps,
         checks.sampler_reuses, checks.sampler_reuse_step, checks.sampler_epoch,
         checks.ddp_change_step, checks.ddp_change_module, _cut(checks.ddp_change_group, 32),
-        _cut(checks.ddp_change, 64))
+        _cut(checks.ddp_change, 64), checks.nonfinite_step + 1,
+        checks.nonfinite_value)
     for n, fp in enumerate(prints):
         layout.FINGERPRINT.pack_into(buf, layout.OFF_FINGERPRINTS + n * layout.FINGERPRINT.size,
                                      layout.FINGERPRINT_OF.index(fp.of) + 1, fp.module, fp.step,

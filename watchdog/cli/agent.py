@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from watchdog import env
 from watchdog.cli import options
+from watchdog.errors import UsageError
 
 
 class AgentCommand:
     name = "agent"
     help = "the per-node agent daemon"
+    description = ("The per-node agent: finds the workers on this node, reads their beacons, takes "
+                   "their stacks when asked, and streams it all to the coordinator. Runs until "
+                   "SIGINT or SIGTERM.")
+    example = "watchdog agent --coordinator node0:29450 --token-file /etc/torch-hang-watchdog/token"
     daemon = True
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--coordinator", metavar="HOST:PORT",
+        p.add_argument("--coordinator", type=options.address, metavar="HOST:PORT",
                        help="default: port 29450 on the MASTER_ADDR of the jobs found on this "
                             "node, else on 127.0.0.1")
         p.add_argument("--beacon-dir", metavar="DIR", help="default: $WATCHDOG_BEACON_DIR or "
@@ -36,6 +42,10 @@ class AgentCommand:
 
         node = args.node_name or env.short_hostname()
         beacon_dir = args.beacon_dir or env.beacon_dir()
+        if os.path.exists(beacon_dir) and not os.path.isdir(beacon_dir):
+            raise UsageError(f"the beacon directory {beacon_dir} is not a directory",
+                             hint="pass --beacon-dir DIR, the directory the jobs' hooks write "
+                                  "to ($WATCHDOG_BEACON_DIR of the jobs)")
         agent = Agent(args.coordinator, beacon_dir, node, args.interval,
                       security=options.client_security_of(args), native=args.native)
         status = (f"{node}: beacons in {beacon_dir}, "

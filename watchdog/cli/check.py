@@ -41,6 +41,11 @@ EXPLAINED_FINDINGS = 6
 class CheckCommand:
     name = "check"
     help = "run a tiny job through init, all_reduce, barrier and destroy, and say what fails"
+    description = ("The minimal reproduction, automated: checks the rendezvous settings, then runs "
+                   "a tiny job through init_process_group, all_reduce, barrier and "
+                   "destroy_process_group on every rank, under the watchdog. Exit code 0 only when "
+                   "every step passed.")
+    example = "watchdog check --nproc 4 -- --master-port=29600"
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,9 @@ class Command(Protocol):
 
     name: str
     help: str
+    # What `watchdog NAME --help` says above the options, and the example it ends with.
+    description: str
+    example: str
     # A daemon logs what it sees by default (INFO); any other command only what went wrong.
     daemon: bool
 

@@ -21,10 +21,17 @@ if TYPE_CHECKING:
 class CoordinatorCommand:
     name = "coordinator"
     help = "the coordinator daemon"
+    description = ("The coordinator: joins the agents' reports into jobs, names the rank that hung "
+                   "each, stores incidents and answers `watchdog status`. Runs until SIGINT or "
+                   "SIGTERM.")
+    example = ("watchdog coordinator --listen 0.0.0.0:29450 --token-file /et"
+               "c/torch-hang-watchdog/token")
     daemon = True
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--listen", default=DEFAULT_ADDRESS, metavar="HOST:PORT")
+        p.add_argument("--listen", default=DEFAULT_ADDRESS, type=options.address,
+                       metavar="HOST:PORT",
+                       help="serve gRPC (agents, `watchdog status`) on HOST:PORT")
         options.add_token_option(p)
         for role, may in (("agent", "send reports and answer stack requests"),
                           ("reader", "read every job (watchdog status)"),

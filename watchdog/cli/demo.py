@@ -19,11 +19,15 @@ from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import ExitCode, WatchdogError
 
 DEMO_STALL_TIMEOUT_S = 5.0
+FAULT_STEP = 6  # the loop's index, from 0, at which rank 2's next read blocks
 
 
 class DemoCommand:
     name = "demo"
     help = "a 4-rank CPU job with an injected hang, diagnosed live"
+    description = ("Runs a bundled 4-rank CPU job (gloo) whose rank 2 blocks in its data pipeline, "
+                   "under `watchdog run`, and shows the diagnosis (about 15 s).")
+    example = "watchdog demo"
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
@@ -57,12 +61,15 @@ def run_demo(db_path: str, color: bool) -> int:
         raise WatchdogError("the demo needs torch in this environment",
                             hint="pip install 'torch-hang-watchdog[test]' (or any torch build)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cmd = torchrun_command(4, "--fault", "data_stall", "--fault-rank", "2", "--fault-step", "6")
-    print("watchdog demo: 4 ranks train a small DDP model on CPU (gloo); at step 6 rank 2 "
-          "blocks reading a sample.\nwatchdog run watches it and names the rank within "
-          f"{DEMO_STALL_TIMEOUT_S:.0f}s of the last progress.\n$ watchdog run --stall-timeout "
-          f"{DEMO_STALL_TIMEOUT_S:.0f} --on-hang kill -- torchrun --nproc_per_node=4 train.py "
-          "--fault data_stall --fault-rank 2\n", flush=True)
+    fault = ("--fault", "data_stall", "--fault-rank", "2", "--fault-step", str(FAULT_STEP))
+    cmd = torchrun_command(4, *fault)
+    # The loader fetches a step's batch once the step before it is done: the read that blocks
+    # is the batch of step FAULT_STEP + 1, after that many steps (the table's STEP column).
+    print(f"watchdog demo: 4 ranks train a small DDP model on CPU (gloo); after {FAULT_STEP + 1} "
+          "steps rank 2 blocks reading a sample.\nwatchdog run watches it and names the rank "
+          f"within {DEMO_STALL_TIMEOUT_S:.0f}s of the last progress.\n$ watchdog run "
+          f"--stall-timeout {DEMO_STALL_TIMEOUT_S:.0f} --on-hang kill -- torchrun "
+          f"--nproc_per_node=4 train.py {' '.join(fault)}\n", flush=True)
     # The job's own output (torchrun's shutdown traceback among it) would bury the diagnosis.
     job_log = os.path.join(tempfile.gettempdir(), f"watchdog-demo-{os.getpid()}.log")
     run_options = RunOptions(cmd, StallPolicy(fixed=DEMO_STALL_TIMEOUT_S), on_hang="kill",

@@ -134,6 +134,9 @@ def run_doctor(out: TextIO) -> int:
 class DoctorCommand:
     name = "doctor"
     help = "preflight checks: ptrace, py-spy, torch, names"
+    description = ("Checks that this machine can watch a job: ptrace permission, py-spy, torch and "
+                   "its Flight Recorder, the beacon directory, the environment and name clashes.")
+    example = "watchdog doctor"
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -30,9 +31,10 @@ from watchdog import env as _env
 from watchdog import metrics
 from watchdog.atomic import write_atomically
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir
-from watchdog.cli.inject import check_command, hook_env, new_job_id
+from watchdog.cli.framing import RunEnd, ended_text, next_steps_text
+from watchdog.cli.inject import cannot_run, check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
-from watchdog.cli.seen import moved_on_text, say_what_it_sees
+from watchdog.cli.seen import moved_on_text, reached_distributed, say_what_it_sees, sighting
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
@@ -58,6 +60,7 @@ class RunOptions:
     job_log: str | None = None  # where the job's stdout and stderr go; None: ours
     metrics_listen: str | None = None  # HOST:PORT for Prometheus; None: no metrics served
     time_limit: float | None = None  # end a job still running after this many seconds
+    framed: bool = False  # say what to do after a hang, and how the run ended (`watchdog run`)
 
 
 def write_report(path: str, incident: dict[str, Any]) -> None:
@@ -75,6 +78,15 @@ class _Run:
         self.hang = asyncio.Event()
         self.reported = False  # the first hang went to --report and --report-html
         self.restarts: set[asyncio.Task[None]] = set()
+        self.interrupted = False  # the user's Ctrl-C went to the job
+        self.killed_for: dict[str, Any] | None = None  # the hang that --on-hang kill ended
+
+    def stop_judging(self, sig: int) -> None:
+        """The user ends the job (a signal we passed on): its ranks' exits, KeyboardInterrupt
+        above all, are that end, not a hang."""
+        self.interrupted = self.interrupted or sig == signal.SIGINT
+        for job_id in list(self.coordinator.jobs):
+            self.coordinator.let_go(job_id)
 
     def on_incident(self, incident: dict[str, Any]) -> None:
         """Every incident is printed once; only a hang is the report, and only a hang ends the
@@ -92,8 +104,12 @@ class _Run:
                 write_report(self.options.report_path, incident)
             if self.options.report_html:
                 self._write_html(self.options.report_html, incident)
+            if self.options.framed and self.options.on_hang == "report":
+                self.out.write(next_steps_text(incident, self.options.db_path) + "\n")
+                self.out.flush()
         if self.options.on_hang == "kill":
             self.coordinator.let_go(incident["job_id"])
+            self.killed_for = self.killed_for or incident
             self.hang.set()
 
     def on_ended(self, notice: dict[str, Any], lasted: float) -> None:
@@ -155,14 +171,12 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
     try:
         job_id = os.environ.get(_env.JOB_ID) or new_job_id(cmd)
         # The job keeps its own descriptor of the log: ours can close once it started.
-        with open(options.job_log, "w") if options.job_log else contextlib.nullcontext() as output:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, env=hook_env(os.environ, run_dir, job_id), start_new_session=True,
-                stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
+        proc = await _start_job(cmd, hook_env(os.environ, run_dir, job_id), options.job_log)
         workers = functools.partial(_live_workers, agent)
-        _forward_signals(proc.pid, workers, out)
+        _forward_signals(proc.pid, workers, out, state.stop_judging)
         seeing = asyncio.create_task(say_what_it_sees(
-            coordinator.jobs.values, proc.pid, options.policy.warmup, out, INTERVAL_S))
+            coordinator.jobs.values, proc.pid, options.policy, out, INTERVAL_S))
+        started = time.monotonic()
         try:
             code = await _wait_job(proc, state, workers)
         finally:
@@ -172,6 +186,14 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         coordinator.ingest(report, report.sent_at)
         coordinator.evaluate_all(report.sent_at)
         await coordinator.settled()
+        if state.interrupted and code != ExitCode.HANG_KILLED:
+            code = ExitCode.INTERRUPTED
+        if options.framed:
+            jobs = list(coordinator.jobs.values())
+            out.write(ended_text(RunEnd(
+                code, time.monotonic() - started, state.incidents, options.db_path,
+                sighting(jobs) is not None, reached_distributed(jobs), state.interrupted,
+                state.killed_for)) + "\n")
         return code
     finally:
         stop.set()
@@ -183,6 +205,19 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _start_job(cmd: Sequence[str], env: Mapping[str, str],
+                     job_log: str | None) -> asyncio.subprocess.Process:
+    """The job, in a session of its own; its output to `job_log` where given."""
+    # The job keeps its own descriptor of the log: ours can close once it started.
+    with open(job_log, "w") if job_log else contextlib.nullcontext() as output:
+        try:
+            return await asyncio.create_subprocess_exec(
+                *cmd, env=env, start_new_session=True,
+                stdout=output, stderr=asyncio.subprocess.STDOUT if output else None)
+        except OSError as e:
+            raise cannot_run(cmd[0], e) from e
 
 
 def private_run_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -257,10 +292,11 @@ def signal_worker(worker: Worker, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _forward_signals(pgid: int, workers: Callable[[], list[Worker]], out: TextIO) -> None:
-    """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us. A
-    second one kills the job outright: whoever presses Ctrl-C again wants it gone now, not after
-    torchrun's own grace period."""
+def _forward_signals(pgid: int, workers: Callable[[], list[Worker]], out: TextIO,
+                     first: Callable[[int], None]) -> None:
+    """Ctrl-C and SIGTERM reach the job (it runs in its own session) instead of killing us, and
+    `first` hears of the first. A second one kills the job outright: whoever presses Ctrl-C
+    again wants it gone now, not after torchrun's own grace period."""
     loop = asyncio.get_running_loop()
     received = 0
 
@@ -268,6 +304,7 @@ def _forward_signals(pgid: int, workers: Callable[[], list[Worker]], out: TextIO
         nonlocal received
         received += 1
         if received == 1:
+            first(sig)
             _signal_group(pgid, sig)
         else:
             out.write("watchdog: second signal: killing the job\n")

@@ -14,13 +14,19 @@ from watchdog.errors import UsageError, WatchdogError
 class IncidentsCommand:
     name = "incidents"
     help = "stored incidents"
+    description = ("The incidents stored in the database, newest first (list), or one in full "
+                   "(show ID).")
+    example = "watchdog incidents show 3f2a9c1e --html hang.html"
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+        p.add_argument("action", nargs="?", choices=("list", "show"), default="list",
+                       help="list every incident, or show one")
         p.add_argument("id", nargs="?", help="incident id (for show)")
-        p.add_argument("--json", action="store_true")
-        p.add_argument("--html", metavar="PATH",
+        p.add_argument("--json", action="store_true",
+                       help="list: one JSON array of incidents, newest first; show: the incident's "
+                            "JSON (the contract)")
+        p.add_argument("--html", type=options.file_to_write, metavar="PATH",
                        help="show: write the incident to PATH as one self-contained HTML page")
         options.add_db_option(p)
 
@@ -28,7 +34,8 @@ class IncidentsCommand:
         from watchdog.coordinator import IncidentStore, default_db_path
 
         if args.html and args.action != "show":
-            raise UsageError("--html goes with `incidents show ID`")
+            raise UsageError("--html goes with `incidents show ID`",
+                             hint="watchdog incidents show ID --html report.html")
         store = IncidentStore(args.db or default_db_path())
         try:
             if args.action == "show":
@@ -37,7 +44,9 @@ class IncidentsCommand:
                                      hint="`watchdog incidents list` shows them")
                 body = store.get_json(args.id)
                 if body is None:
-                    raise WatchdogError(f"no incident {args.id} in {store.path}")
+                    raise WatchdogError(f"no incident {args.id} in {store.path}",
+                                        hint="`watchdog incidents list` shows the ids; --db "
+                                             "names another database")
                 if args.html:
                     _write_html(args.html, json.loads(body))
                 else:
@@ -58,5 +67,6 @@ def _write_html(path: str, incident: dict[str, object]) -> None:
     try:
         write_html(path, incident)
     except OSError as e:
-        raise WatchdogError(f"cannot write {path}: {e.strerror}") from e
+        raise WatchdogError(f"cannot write {path}: {e.strerror}",
+                            hint="give --html a file path in a directory you can write") from e
     print(f"wrote incident {incident['id']} to {path}", file=sys.stderr)

@@ -55,5 +55,11 @@ def exec_with_hook(cmd: Sequence[str]) -> None:
     try:
         os.execvpe(args[0], args, env)
     except OSError as e:
-        raise UsageError(f"cannot run {args[0]}: {e.strerror}",
-                         hint="check the command name and your PATH") from e
+        raise cannot_run(args[0], e) from e
+
+
+def cannot_run(program: str, error: OSError) -> UsageError:
+    """The command after `--` could not be started (not found, not executable, a directory)."""
+    return UsageError(f"cannot run {program}: {error.strerror}",
+                      hint="check the command name and your PATH; a script needs `chmod +x`, or "
+                           "its interpreter before it (python train.py)")

@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
+from typing import NoReturn
 
 from watchdog import __version__
 from watchdog.cli.agent import AgentCommand
@@ -32,19 +34,59 @@ COMMANDS: tuple[Command, ...] = (
 DAEMONS = tuple(command.name for command in COMMANDS if command.daemon)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the example's own line (a command wrapped would not paste), and shows each option's
+    default where its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # An option named in a help text stays whole: "--stall-floor", never "--stall-" "floor".
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error says what was wrong, then where to look, as every command error does."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n"
+                                  f"  hint: `{self.prog} --help` says what it takes\n")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each subcommand's own (whose usage a bad option of it gets)."""
+    parser = Parser(
         prog="watchdog", description="Names the rank that hung your torchrun job, with evidence.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=Parser)
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for command in COMMANDS:
-        command.prepare_parser(sub.add_parser(command.name, help=command.help))
-    return parser
+        parsers[command.name] = sub.add_parser(
+            command.name, help=command.help, description=textwrap.fill(command.description, 78),
+            epilog=f"example:\n  {command.example}", formatter_class=HelpFormatter)
+        command.prepare_parser(parsers[command.name])
+    return parser, parsers
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; an option the subcommand does not know is a usage error with that
+    subcommand's usage, not the top level's (argparse leaves them to the top level)."""
+    parser, parsers = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     # The daemons log what they see by default; the other commands only what went wrong.
     quiet = args.command not in DAEMONS
     level = (logging.INFO, logging.WARNING)[quiet] if args.verbose == 0 else (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -38,6 +39,15 @@ def positive_int(text: str) -> int:
     return value
 
 
+def file_to_write(text: str) -> str:
+    """A PATH the command will write a file to, checked before the job starts: a directory
+    found only once a hang is diagnosed would lose the report."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory: give a file path, e.g. "
+                                         f"{os.path.join(text, 'hang.json')}")
+    return text
+
+
 def add_stall_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-timeout", type=positive_float, metavar="S",
                    help="call a job hung after S seconds without progress (fixed; default: "
@@ -62,8 +72,9 @@ def stall_policy(args: argparse.Namespace) -> StallPolicy:
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="PATH",
-                   help="incident database (default: $WATCHDOG_DB, /var/lib/torch-hang-watchdog/"
-                        "incidents.db as root, ~/.local/state/torch-hang-watchdog/ otherwise)")
+                   help="incident database (default: $WATCHDOG_DB, else /var/lib/torch-hang-"
+                        "watchdog/incidents.db as root, ~/.local/state/torch-hang-watchdog/"
+                        "incidents.db for other users)")
 
 
 def add_token_option(p: argparse.ArgumentParser) -> None:

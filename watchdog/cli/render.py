@@ -77,15 +77,16 @@ def render_status(status: Mapping[str, Any], color: bool = False) -> str:
 
 
 def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
-    """`watchdog incidents list`: one line per incident, newest first as given."""
+    """`watchdog incidents list`: a header, then one line per incident, newest first as given,
+    in columns."""
     if not incidents:
         return "no incidents"
-    incidents = printable_tree(incidents)
-    return "\n".join(
-        f"{i['id']}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(i['detected_at']))}  "
-        f"{i['job_id']}  {i['kind']}  {i['summary']}"
-        for i in incidents
-    )
+    rows = [("ID", "DETECTED", "JOB", "KIND", "SUMMARY")] + [
+        (i["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i["detected_at"])),
+         i["job_id"], i["kind"], i["summary"]) for i in printable_tree(incidents)]
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
+                                row[4]]) for row in rows)
 
 
 def rank_table(

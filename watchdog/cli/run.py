@@ -14,6 +14,13 @@ from watchdog.cli.render import use_color
 class RunCommand:
     name = "run"
     help = "run a job with an embedded agent and coordinator"
+    description = ("Runs CMD with the hook injected in its Python workers, beside an embedded "
+                   "agent and coordinator: says which job it watches, prints each incident (and "
+                   "stores it), and on a hang keeps the job running, ends it or restarts its "
+                   "workers (--on-hang). Exit code: the job's; 3 when --on-hang kill ended a "
+                   "hung job; 130 when you interrupted it (Ctrl-C).")
+    example = ("watchdog run --on-hang kill --report-html hang.html "
+               "-- torchrun --nproc_per_node=4 train.py")
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
@@ -22,8 +29,9 @@ class RunCommand:
                        help="after a hang's diagnosis: keep the job running (report), end it "
                             "(kill), or end the hung attempt's workers so that torchrun "
                             "restarts them while --max-restarts allows (restart)")
-        p.add_argument("--report", metavar="PATH", help="write the incident JSON to PATH")
-        p.add_argument("--report-html", metavar="PATH",
+        p.add_argument("--report", type=options.file_to_write, metavar="PATH",
+                       help="write the incident JSON to PATH")
+        p.add_argument("--report-html", type=options.file_to_write, metavar="PATH",
                        help="write the first hang incident to PATH as one self-contained HTML "
                             "page")
         options.add_db_option(p)
@@ -38,5 +46,5 @@ class RunCommand:
         run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang,
                                  args.report, args.report_html, args.db or default_db_path(),
                                  use_color(sys.stderr), args.native,
-                                 metrics_listen=args.metrics_listen)
+                                 metrics_listen=args.metrics_listen, framed=True)
         return asyncio.run(run_job(run_options))

@@ -21,8 +21,10 @@ from typing import Any, TextIO
 
 from agent import procfs
 from watchdog import env as _env
+from watchdog.cli.framing import threshold_text
 from watchdog.cli.inject import BOOT_DIR
 from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.stall import StallPolicy
 from watchdog.text import printable, ranks_text
 
 AFTER_WARMUP_S = 1.0  # how often to look, after the warm-up, for ranks that report late
@@ -77,6 +79,13 @@ def sighting(jobs: Iterable[JobView]) -> Sighting | None:
     seen = [Sighting(job.job_id, job.world_size, pids) for job in jobs
             if (pids := frozenset(r.pid for r in job.ranks.values() if r.hooked))]
     return next((s for s in seen if s.complete), seen[0] if seen else None)
+
+
+def reached_distributed(jobs: Iterable[JobView]) -> bool:
+    """Whether some rank got as far as torch.distributed (a process group, or a call to set one
+    up): a rank's hook reports from interpreter start, before the script is even read."""
+    return any(r.hooked and (r.groups or r.setup or r.events)
+               for job in jobs for r in job.ranks.values())
 
 
 def watching_text(seen: Sighting) -> str:
@@ -207,10 +216,12 @@ def _pids(pids: Sequence[int]) -> str:
     return f"pid{'s' if len(pids) > 1 else ''} {shown}{more}"
 
 
-async def say_what_it_sees(jobs: Callable[[], Iterable[JobView]], root: int, warmup: float,
-                           out: TextIO, tick: float) -> None:
-    """Once every rank of the job reports, say so; when the warm-up ends first, say how many
-    do, or, when none does, why. Runs until every rank reported (or it is cancelled)."""
+async def say_what_it_sees(jobs: Callable[[], Iterable[JobView]], root: int,
+                           policy: StallPolicy, out: TextIO, tick: float) -> None:
+    """Once every rank of the job reports, say so, with the threshold in force; when the
+    warm-up ends first, say how many do, or, when none does, why. Runs until every rank
+    reported (or it is cancelled)."""
+    warmup = policy.warmup
     deadline: float | None = time.monotonic() + warmup
     while (seen := sighting(jobs())) is None or not seen.complete:
         if deadline is not None and time.monotonic() >= deadline:
@@ -219,7 +230,7 @@ async def say_what_it_sees(jobs: Callable[[], Iterable[JobView]], root: int, war
             _say(out, unreported_text(warmup, processes) if seen is None
                  else partly_text(seen, warmup, processes))
         await asyncio.sleep(tick if deadline is not None else AFTER_WARMUP_S)
-    _say(out, watching_text(seen))
+    _say(out, f"{watching_text(seen)}; {threshold_text(policy)}")
 
 
 def _say(out: TextIO, text: str) -> None:

@@ -38,6 +38,10 @@ class Answer:
 class StatusCommand:
     name = "status"
     help = "jobs, ranks and the current verdict"
+    description = ("The jobs being watched, each rank's state and the current verdict: of every "
+                   "`watchdog run` on this machine and the local coordinator, or of the one "
+                   "--coordinator names.")
+    example = "watchdog status --coordinator node0:29450 --token-file token --json"
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:

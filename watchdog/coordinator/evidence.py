@@ -47,6 +47,9 @@ _DEVICE_WAIT_FUNCTIONS = frozenset(
 BUSY_MAIN_CPU = 0.05  # cores used by the main thread
 BUSY_PROCESS_CPU = 0.10  # cores used by the whole process (a writer thread, say)
 BUSY_IO_RATE = 64 * 1024  # bytes/s read or written
+# ...or its main thread waited, runnable, this share of the time for a CPU that other work held
+# (a hung rank sleeps in its wait, and a moment's R in its state letter is no sign).
+STARVED_MAIN_WAIT = 0.25
 _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
 # Any module of torch.distributed but its checkpointing, which writes and plans in its own
 # frames (a long save is a phase, not a wait) and waits through distributed_c10d.py, which the
@@ -160,9 +163,9 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
         computing = work.main_cpu >= BUSY_MAIN_CPU or work.process_cpu >= BUSY_PROCESS_CPU
         if computing and not spinning:
             signs.append(f"using {max(work.main_cpu, work.process_cpu):.0%} of a core")
-    if rank.proc_state == "R" and not computing and not spinning:
-        # Runnable: it would compute if the node gave it a core (other work starves it).
-        signs.append("runnable, waiting for a CPU")
+        if work.main_wait >= STARVED_MAIN_WAIT and not computing and not spinning:
+            # It would compute if the node gave it a core: other work starves it.
+            signs.append(f"runnable, waiting for a CPU {work.main_wait:.0%} of the time")
     if work.gpu_util:
         signs.append(f"its GPU {work.gpu_util:.0f}% busy")
     if stack is not None and stack.moved:

@@ -1,12 +1,15 @@
 """Findings: bugs that never hang, from what each rank's checks gathered (coordinator process).
 
 A hook sees one rank; comparing ranks happens here. The fingerprints of one DDP module (its
-parameters after optimizer step S, or the batch its forward got after step S) are compared once
-every member of the module's process group sent the one for step S: replicas in sync are
+parameters after optimizer step S, or the batch its forward got after step S), or of the
+parameters an optimizer stepped after their gradients were averaged over a group by hand, are
+compared once every member of the process group sent the one for step S: replicas in sync are
 bitwise equal, so any difference is a desync, and ranks of one group that receive equal batches
-share their data. Per-rank evidence (steps without a gradient collective, a sampler's repeated
-epoch, a DDP module changed after wrapping) is reported once every rank that runs the check
-shows it, or SETTLE_S after the first one did, whichever comes first.
+share their data. A non-finite loss is named once every other rank's loss of that step was
+read finite (their step count went past it), or SETTLE_S after it was first seen. Per-rank
+evidence (steps before any gradient collective, a sampler's repeated epoch, a DDP module
+changed after wrapping) is reported once every rank that runs the check shows it, or SETTLE_S
+after the first one did, whichever comes first.
 
 Each finding is reported once per job and key. Findings live apart from the job's hang
 incident: a job with a warning is still judged for hangs.
@@ -14,6 +17,7 @@ incident: a job with a warning is still judged for hangs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,25 +26,28 @@ from watchdog.coordinator.wording import group_text
 from watchdog.model import JobSnapshot, Kind, RankState
 from watchdog.text import ranks_text
 
-NO_SYNC_STEPS = 20  # optimizer steps without any gradient collective before NO_GRAD_SYNC
+NO_SYNC_STEPS = 20  # optimizer steps before any gradient collective, for NO_GRAD_SYNC
 SETTLE_S = 3.0  # how long a per-rank finding waits for the other ranks to show it too
-KEEP_STEPS = 8  # fingerprinted steps kept per DDP module and kind
+KEEP_STEPS = 8  # fingerprinted steps kept per DDP module (or averaging group) and kind
 
 CAUSES = {
     Kind.REPLICA_DESYNC: (
-        "DDP broadcasts the parameters once, when it wraps the module, and then applies the "
-        "same averaged gradients everywhere: replicas that differ now stay different. Weights "
-        "were loaded or changed on some ranks after wrapping (or a parameter is updated outside "
-        "backward and the optimizer, or DDP stopped synchronizing it).",
-        "Load checkpoints and change parameters before wrapping the model in DDP, on every "
-        "rank; or broadcast them from rank 0 afterwards (dist.broadcast of each parameter)."),
+        "Replicas whose gradients are averaged (by DDP, by FSDP's replicate dimension, by an "
+        "all_reduce of each gradient) apply the same update everywhere: replicas that differ "
+        "now stay different. They started from different weights (each rank seeded its own, "
+        "and nothing broadcast rank 0's: DDP does once, when it wraps the module), or weights "
+        "were loaded or changed on some ranks after wrapping (or a parameter is updated "
+        "outside backward and the optimizer, or DDP stopped synchronizing it).",
+        "Start every rank from the same weights: seed the model alike on every rank, or "
+        "broadcast rank 0's parameters (dist.broadcast of each) before the first step; load "
+        "checkpoints and change parameters before wrapping the model in DDP, on every rank."),
     Kind.NO_GRAD_SYNC: (
         "The ranks step their optimizers but no collective combines their gradients: no DDP "
         "or FSDP forward, no all_reduce or reduce_scatter. Each rank trains its own model on "
         "its share of the data.",
         "Wrap the model in DistributedDataParallel (or FSDP) before training; if the ranks "
-        "average parameters on purpose every few hundred steps (local SGD), switch this check "
-        "off with WATCHDOG_CHECKS=-no_grad_sync."),
+        "average parameters on purpose (local SGD) but only after their first 20 steps, "
+        "switch this check off with WATCHDOG_CHECKS=-no_grad_sync."),
     Kind.DUPLICATE_DATA: (
         "Ranks of one data-parallel group receive the same batches: the DataLoader has no "
         "DistributedSampler (or gives every rank the same rank or seed), so the job does "
@@ -60,6 +67,13 @@ CAUSES = {
         "new ones are no longer averaged.",
         "Move, cast or replace the model's parameters before wrapping it in "
         "DistributedDataParallel."),
+    Kind.NONFINITE_LOSS: (
+        "The loss of one rank turned NaN or infinite while its peers' were finite: its batch "
+        "(a corrupt sample, a label out of range, an empty mask), or its own state, made it so. "
+        "Once its gradients are averaged, every rank's weights turn non-finite at the next "
+        "step, so only the first rank and step say where it came from.",
+        "Look at that rank's batch at that step (log the sample indices of the batch it got); "
+        "guard the loss (torch.isfinite) or clip gradients only once the cause is known."),
 }
 
 
@@ -119,6 +133,8 @@ class FindingTracker:
     _suspects: set[int] = field(default_factory=set)  # ranks with per-rank evidence
     _first_seen: dict[str, float] = field(default_factory=dict)
     _fresh: bool = False
+    _nonfinite: bool = False  # a rank's loss turned non-finite, and that is not decided yet
+    _nonfinite_decided: bool = False
 
     def observe(self, state: RankState) -> None:
         """Take one rank state's evidence; cheap when nothing new arrived."""
@@ -130,6 +146,8 @@ class FindingTracker:
                 if len(steps) > KEEP_STEPS:
                     del steps[min(steps)]
             self._fresh = True
+        if evidence.nonfinite_step >= 0 and not self._nonfinite_decided:
+            self._nonfinite = True
         if (evidence.unsynced_steps >= NO_SYNC_STEPS or evidence.sampler_reuses
                 or evidence.ddp_change_step):
             self._suspects.add(rank)
@@ -139,7 +157,7 @@ class FindingTracker:
     @property
     def pending(self) -> bool:
         """Whether there is anything to evaluate."""
-        return self._fresh or self._suspected
+        return self._fresh or self._suspected or self._nonfinite
 
     @property
     def _suspected(self) -> bool:
@@ -154,6 +172,8 @@ class FindingTracker:
             found += self._compare(snapshot)
         if self._suspected:
             found += self._per_rank(snapshot, now)
+        if self._nonfinite:
+            found += self._first_nonfinite(snapshot, now)
         new = [f for f in found if f.key not in self.reported]
         self.reported.update(f.key for f in new)
         return new
@@ -163,7 +183,7 @@ class FindingTracker:
         found = []
         for key, by_step in self._prints.items():
             of, group, _ = key
-            kind = Kind.REPLICA_DESYNC if of == "parameters" else Kind.DUPLICATE_DATA
+            kind = Kind.DUPLICATE_DATA if of == "batch" else Kind.REPLICA_DESYNC
             members = _checking(snapshot, group_members(snapshot, group), kind.check)
             if len(members) < 2:
                 continue
@@ -172,7 +192,7 @@ class FindingTracker:
                 if all(m in digests for m in members):
                     self._compared[key] = step
                     compared = {m: digests[m] for m in members}
-                    finding = (self._desync if of == "parameters" else self._duplicate)(
+                    finding = (self._duplicate if of == "batch" else self._desync)(
                         key, step, compared, members)
                     if finding is not None:
                         found.append(finding)
@@ -184,13 +204,16 @@ class FindingTracker:
         culprits = replica_culprits(digests)
         if not culprits:
             return None
-        _, group, module = key
+        of, group, module = key
         others = [m for m in members if m not in culprits]
         differ = f"differ from {ranks_text(others)}'s" if others else "all differ"
-        return Finding(Kind.REPLICA_DESYNC, f"{Kind.REPLICA_DESYNC}:{group}:{module}", culprits,
-                       step, f"{ranks_text(culprits)}: the parameters of DDP module {module} "
-                       f"{differ} at step {step}; the replicas of {group_text(group, members)} "
-                       "are out of sync")
+        what, key_text = f"the parameters of DDP module {module}", str(module)
+        if of == "optimizer":
+            what = f"the parameters optimizer {module} steps (gradients averaged by hand)"
+            key_text = f"optimizer{module}"
+        return Finding(Kind.REPLICA_DESYNC, f"{Kind.REPLICA_DESYNC}:{group}:{key_text}",
+                       culprits, step, f"{ranks_text(culprits)}: {what} {differ} at step "
+                       f"{step}; the replicas of {group_text(group, members)} are out of sync")
 
     def _duplicate(self, key: PrintKey, step: int, digests: Mapping[int, int],
                    members: tuple[int, ...]) -> Finding | None:
@@ -206,6 +229,31 @@ class FindingTracker:
                        previous[0], f"{ranks_text(culprits)} of {group_text(group, members)} "
                        f"received identical batches in DDP module {module}'s forward after "
                        f"steps {previous[0]} and {step}")
+
+    # -- losses --
+    def _first_nonfinite(self, snapshot: JobSnapshot, now: float) -> list[Finding]:
+        """The ranks whose loss turned non-finite first, once the others' loss of that step was
+        read finite (a rank's published step count past a step says its loss was read) or
+        SETTLE_S after it was first seen; none when it turned so on every rank at once."""
+        kind = Kind.NONFINITE_LOSS
+        ranks = [r for r in snapshot.ranks if kind.check in r.evidence.checks]
+        bad = [r for r in ranks if r.evidence.nonfinite_step >= 0]
+        if not bad:
+            return []
+        step = min(r.evidence.nonfinite_step for r in bad)
+        culprits = tuple(sorted(r.rank for r in bad if r.evidence.nonfinite_step == step))
+        finite = [r.rank for r in ranks if r.rank not in culprits and r.steps > step]
+        first = self._first_seen.setdefault(kind.check, now)
+        if len(finite) + len(culprits) < snapshot.world_size and now - first < SETTLE_S:
+            return []
+        self._nonfinite, self._nonfinite_decided = False, True
+        if not finite:
+            return []
+        value = next(r for r in bad if r.rank == culprits[0]).evidence.nonfinite_value
+        return [Finding(kind, kind.check, culprits, step,
+                        f"{ranks_text(culprits)}: the loss was {_number(value)} at step {step} "
+                        f"while {ranks_text(sorted(finite))}'s were finite (the job's first "
+                        "non-finite loss)")]
 
     # -- per-rank evidence --
     def _per_rank(self, snapshot: JobSnapshot, now: float) -> list[Finding]:
@@ -235,6 +283,10 @@ def _checking(snapshot: JobSnapshot, ranks: Iterable[int], check: str) -> tuple[
     """Those of `ranks` whose hook runs `check`, or that did not report yet."""
     idle = {r.rank for r in snapshot.ranks if check not in r.evidence.checks}
     return tuple(r for r in ranks if r not in idle)
+
+
+def _number(value: float) -> str:
+    return "NaN" if math.isnan(value) else str(value)  # inf, -inf
 
 
 def _no_sync_text(culprits: tuple[int, ...], step: int, _: RankState) -> str:

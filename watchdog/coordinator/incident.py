@@ -204,7 +204,8 @@ def _activity(rank: RankState) -> dict[str, Any] | None:
         return None
     return {"window": round(work.window, 2), "main_cpu": round(work.main_cpu, 3),
             "process_cpu": round(work.process_cpu, 3), "read_rate": round(work.read_rate),
-            "write_rate": round(work.write_rate), "gpu_util": work.gpu_util}
+            "write_rate": round(work.write_rate), "gpu_util": work.gpu_util,
+            "main_wait": round(work.main_wait, 3)}
 
 
 def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ PHASE_LOOK_AFTER_S = 4.0
 PHASE_LOOK_EVERY_S = 1.0
 
 
-def is_hang(incident: dict[str, Any]) -> bool:
+def is_hang(incident: Mapping[str, Any]) -> bool:
     return bool(incident.get("severity", Severity.HANG) == Severity.HANG)
 
 

@@ -167,9 +167,10 @@ def explain_main(paths: Sequence[str], as_json: bool, out: TextIO, stdin: TextIO
     Exit code 0 when every input was read (with or without findings), 1 when one could not be
     (the others are still explained). --json prints one list of finding objects, streamed.
     """
-    chooser, status, count = FirstFailure(), 0, 0
+    chooser, count, unread = FirstFailure(), 0, 0
+    inputs = paths or ["-"]
     out.write("[" if as_json else "")
-    for path in paths or ["-"]:
+    for path in inputs:
         where = "<stdin>" if path == "-" else path
         try:
             for finding in _explain_input(path, stdin):
@@ -178,9 +179,18 @@ def explain_main(paths: Sequence[str], as_json: bool, out: TextIO, stdin: TextIO
                 count += 1
         except _UnreadableError as error:
             print(f"watchdog explain: cannot read {where}: {error}", file=sys.stderr)
-            status = 1
-    out.write(("\n]\n" if count else "]\n") if as_json else _closing(chooser.result()))
-    return status
+            unread += 1
+    if unread:
+        print(f"  hint: {UNREADABLE_HINT}", file=sys.stderr)
+    if as_json:
+        out.write("\n]\n" if count else "]\n")
+    elif unread < len(inputs):  # "no known failure found" in nothing read would be a claim
+        out.write(_closing(chooser.result()))
+    return 1 if unread else 0
+
+
+UNREADABLE_HINT = ("give log files this user can read, or - (or none) to read stdin, e.g. "
+                   "`torchrun ... 2>&1 | watchdog explain`")
 
 
 class _UnreadableError(Exception):

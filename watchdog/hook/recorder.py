@@ -90,19 +90,17 @@ class Recorder:
         self._manual_steps = False
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
-        self._run_checks(checks, check_every)
+        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
+        self.check_at = self.checks.first_check  # the step count at which checks next run
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
         """Begin recording an armed process as the rank `identity` names, with those checks."""
         self.writer, self.identity, self.pid = writer, identity, identity.pid
-        self._run_checks(checks, check_every)
+        self.checks.configure(checks, check_every)
+        self.check_at = self.checks.first_check
         self.enabled = True
-
-    def _run_checks(self, checks: frozenset[str], check_every: int) -> None:
-        self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
-        self.check_at = self.checks.first_check  # the step count at which checks are next due
 
     def could_not_start(self) -> None:
         """An armed process that could not become its rank (the caller said why): it records
@@ -171,7 +169,7 @@ class Recorder:
         """Treat the collective just entered as pending after all (an async one)."""
         self._pending = (slot, seq)
 
-    def optimizer_stepped(self, _optimizer: object, _args: object, _kwargs: object) -> None:
+    def optimizer_stepped(self, optimizer: object, _args: object, _kwargs: object) -> None:
         """The global optimizer step hook: counts a step, unless `watchdog.step()` counts them,
         so a loop with several optimizers, or with both, counts each step once."""
         if self.enabled:
@@ -182,7 +180,7 @@ class Recorder:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
             if self._steps >= self.check_at:
-                self._check()
+                self._check(optimizer)
 
     def run_check(self, check: Callable[..., None], *args: Any) -> None:
         """Run a check from the training thread: its fault disables the hook, never the job."""
@@ -191,9 +189,9 @@ class Recorder:
         except Exception as e:
             self.fail(e)
 
-    def _check(self) -> None:
+    def _check(self, optimizer: object) -> None:
         try:
-            self.check_at = self.checks.due(self._steps)
+            self.check_at = self.checks.stepped(self._steps, optimizer)
         except Exception as e:
             self.fail(e)
 

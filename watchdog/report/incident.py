@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from watchdog import __version__
@@ -230,13 +230,39 @@ def _exit_reason(reason: object) -> str:
     return ""
 
 
+def _rate(value: float) -> str:
+    return f"{value / 1e6:.1f} MB/s" if value >= 1e5 else f"{value:.0f} B/s"
+
+
+# The incident's activity fields (coordinator.incident), as a reader says them, with units.
+ACTIVITY_ROWS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "window": ("measured over", lambda v: f"{v:.1f} s"),
+    "main_cpu": ("main thread CPU", lambda v: f"{v * 100:.0f}% of a core"),
+    "process_cpu": ("process CPU", lambda v: f"{v * 100:.0f}% of a core"),
+    "read_rate": ("reads", _rate),
+    "write_rate": ("writes", _rate),
+    "gpu_util": ("GPU busy", lambda v: f"{v:.0f}%"),
+    "main_wait": ("main thread waiting for a CPU", lambda v: f"{v * 100:.0f}% of the time"),
+}
+
+
 def _activity(activity: object) -> str:
     if not isinstance(activity, Mapping) or not activity:
         return ""
-    cells = "".join(f"<tr><td>{esc(key)}</td><td class=\"mono\">"
-                    f"{esc(json.dumps(value) if not isinstance(value, str) else value)}</td></tr>"
-                    for key, value in activity.items())
+    cells = "".join(f"<tr><td>{esc(label)}</td><td class=\"mono\">{esc(value)}</td></tr>"
+                    for label, value in map(_activity_row, activity.items()))
     return f"<h3>activity</h3><table>{cells}</table>"
+
+
+def _activity_row(item: tuple[object, object]) -> tuple[str, str]:
+    """(label, value with its unit); a field this page does not know (a newer agent's), raw."""
+    key, value = item
+    label, unit = ACTIVITY_ROWS.get(str(key), (str(key), None))
+    if value is None:
+        return label, "not measured"
+    if unit is not None and isinstance(value, int | float) and not isinstance(value, bool):
+        return label, unit(value)
+    return label, value if isinstance(value, str) else json.dumps(value)
 
 
 def _age(age: object) -> str:

@@ -24,6 +24,9 @@ TOKEN_ENV = "WATCHDOG_TOKEN"
 TOKEN_HEADER = "authorization"
 REFUSED = "missing or wrong token: pass --token-file"
 _CHMOD_HINT = "chmod 600 {path}"
+_MAKE_TOKEN_HINT = "use e.g. `openssl rand -hex 32` to make a token"
+_TOKEN_HINT = ("pass the file that holds the token, readable by this user (e.g. `openssl rand "
+               "-hex 32 > {path} && chmod 600 {path}` makes one)")
 _PEM_HINT = "pass a PEM file (-----BEGIN ...-----), e.g. as written by openssl"
 
 Metadata = tuple[tuple[str, str], ...]
@@ -105,18 +108,19 @@ def _load_file_token(path: str) -> str:
         with open(path, encoding="ascii", errors="replace") as f:
             text = f.read()
     except OSError as e:
-        raise UsageError(f"cannot read token file {path}: {e.strerror}") from e
+        raise UsageError(f"cannot read token file {path}: {e.strerror}",
+                         hint=_TOKEN_HINT.format(path=path)) from e
     return _check_token(text, f"token file {path}")
 
 
 def _check_token(text: str, source: str) -> str:
     token = text.strip()
     if not token:
-        raise UsageError(f"{source} is empty")
+        raise UsageError(f"{source} is empty", hint=_MAKE_TOKEN_HINT)
     # gRPC metadata values are printable ASCII; anything else would fail on every call.
     if not all(" " <= c <= "~" for c in token):
         raise UsageError(f"{source} holds characters other than printable ASCII",
-                         hint="use e.g. `openssl rand -hex 32` to make a token")
+                         hint=_MAKE_TOKEN_HINT)
     return token
 
 
@@ -125,7 +129,7 @@ def _read(path: str, what: str) -> bytes:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from e
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}", hint=_PEM_HINT) from e
     if b"-----BEGIN " not in data:
         raise UsageError(f"{what} {path} is not a PEM file", hint=_PEM_HINT)
     return data

@@ -8,6 +8,10 @@ caller's address and port and whose remote end is our own port on loopback. The 
 lists closed connections (TIME_WAIT, owned by uid 0 whoever made them) and sockets to other
 servers that share the caller's port; trusting any of those would let a user pass for root.
 More than one match, or a line that does not parse, is no answer.
+
+The kernel hands these tables out a page at a time, and where sockets open and close between two
+pages, a line can be skipped: an answer not found is looked for again before the caller is
+refused (a busy coordinator refused root now and then).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import time
 from collections.abc import Iterable
 from urllib.parse import unquote
 
@@ -22,6 +27,8 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Endpoint = tuple[IpAddress, int]
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 _ESTABLISHED = "01"
+LOOKS = 5
+LOOK_AGAIN_S = 0.02
 
 
 def parse_peer(peer: str) -> Endpoint | None:
@@ -76,17 +83,27 @@ def owner(lines: Iterable[str], caller: Endpoint, server_port: int) -> int | Non
 
 def socket_owner(caller: Endpoint, server_port: int,
                  tables: tuple[str, ...] = _TABLES) -> int | None:
-    """The uid owning `caller`'s connection to our `server_port` on this machine (`owner`)."""
+    """The uid owning `caller`'s connection to our `server_port` on this machine (`owner`),
+    looked for up to LOOKS times. Blocking."""
+    for look in range(LOOKS):
+        if look:
+            time.sleep(LOOK_AGAIN_S)
+        uid = owner(_read_tables(tables), caller, server_port)
+        if uid is not None:
+            return uid
+    return None
+
+
+def _read_tables(tables: tuple[str, ...]) -> list[str]:
+    """The tables' lines, past their headers; none from a table that cannot be read."""
     lines: list[str] = []
     for table in tables:
         try:
             with open(table) as f:
-                lines += f.readlines()[1:]  # past the header
-        except FileNotFoundError:
-            continue  # no IPv6 on this machine
+                lines += f.readlines()[1:]
         except OSError:
-            return None
-    return owner(lines, caller, server_port)
+            continue  # no IPv6 on this machine
+    return lines
 
 
 def local_caller_refusal(caller: Endpoint | None, server_port: int) -> str:

@@ -63,7 +63,7 @@ CHILD_ROLES = frozenset({"", DATALOADER_WORKER})
 PROC_STATES = frozenset({"", *"RSDTtZXIWPK"})
 _SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
 MAX_FINGERPRINTS = 64
-FINGERPRINT_OF = frozenset({"parameters", "batch"})
+FINGERPRINT_OF = frozenset({"parameters", "batch", "optimizer"})
 CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
 M = TypeVar("M")
 T = TypeVar("T")
@@ -135,7 +135,7 @@ def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
 
 def activity_to_pb(a: Activity) -> pb.Activity:
     m = pb.Activity(window=a.window, main_cpu=a.main_cpu, process_cpu=a.process_cpu,
-                    read_rate=a.read_rate, write_rate=a.write_rate)
+                    read_rate=a.read_rate, write_rate=a.write_rate, main_wait=a.main_wait)
     if a.gpu_util is not None:
         m.gpu_util = a.gpu_util
     return m
@@ -143,13 +143,17 @@ def activity_to_pb(a: Activity) -> pb.Activity:
 
 def activity_from_pb(m: pb.Activity) -> Activity:
     gpu = m.gpu_util if m.HasField("gpu_util") else None
-    values = (m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu or 0.0)
+    values = (m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu or 0.0,
+              m.main_wait)
     _check_times(sum(values))
     if min(values) < 0:
         raise MessageRejectedError("a negative activity rate")
+    if m.main_wait > 1:
+        raise MessageRejectedError("a main thread that waited for a CPU more than all the time")
     if not m.window:
         return NO_ACTIVITY
-    return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu)
+    return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu,
+                    m.main_wait)
 
 
 def _frames_to_pb(frames: tuple[Frame, ...]) -> list[pb.Frame]:
@@ -192,6 +196,9 @@ def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
         m.ddp_module_change.CopyFrom(pb.DdpModuleChange(
             step=e.ddp_change_step, module=e.ddp_change_module, group=e.ddp_change_group,
             change=e.ddp_change))
+    if e.nonfinite_step >= 0:
+        m.nonfinite_loss.CopyFrom(pb.NonfiniteLoss(step=e.nonfinite_step,
+                                                   value=e.nonfinite_value))
     return m
 
 
@@ -204,14 +211,14 @@ def _checks_only(mask: int) -> CheckEvidence:
 def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
     mask = m.checks & (1 << len(CHECK_KINDS)) - 1
     if not (m.fingerprints or m.unsynced_steps or m.HasField("sampler_reuse")
-            or m.HasField("ddp_module_change")):
+            or m.HasField("ddp_module_change") or m.HasField("nonfinite_loss")):
         return _checks_only(mask)
     if len(m.fingerprints) > MAX_FINGERPRINTS:
         raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
                                    f"{MAX_FINGERPRINTS})")
     prints = tuple(Fingerprint(f.of, _text(f.group, "group name"), f.module, f.step, f.digest)
                    for f in m.fingerprints)
-    reuse, change = m.sampler_reuse, m.ddp_module_change
+    reuse, change, loss = m.sampler_reuse, m.ddp_module_change, m.nonfinite_loss
     change_group, change_text = _texts(change.group, change.change)
     if any(f.of not in FINGERPRINT_OF for f in prints):
         raise MessageRejectedError("a fingerprint of something unknown")
@@ -220,7 +227,9 @@ def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
         unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
         sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
         ddp_change_step=change.step, ddp_change_module=change.module,
-        ddp_change_group=change_group, ddp_change=change_text)
+        ddp_change_group=change_group, ddp_change=change_text,
+        nonfinite_step=loss.step if m.HasField("nonfinite_loss") else -1,
+        nonfinite_value=loss.value)
 
 
 def rank_to_pb(r: RankState) -> pb.RankState:

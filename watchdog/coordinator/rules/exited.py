@@ -3,7 +3,8 @@ it (a clean exit 0 counts only once a peer waits for it or the job stalled).
 
 Ranks that raised the same exception type at the same place of the user's code are one bug,
 blamed together ("all 4 ranks raised ..."); an exception that says a peer went away (explain's
-PEER_EXITED) is never grouped: every victim of one death raises it alike.
+PEER_EXITED) is never grouped: every victim of one death raises it alike. A rank interrupted
+(KeyboardInterrupt, SIGINT) is never blamed: the user ended it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ MESSAGE_CHARS = 200  # of an exception's message in a summary: its first line, c
 
 def judge(snapshot: JobSnapshot) -> Verdict | None:
     exited = sorted((r for r in snapshot.ranks if not r.alive), key=_exit_order)
+    if any(map(_interrupted, exited)):
+        # Someone pressed Ctrl-C (torchrun passes SIGINT on to every worker): the ranks that
+        # raised KeyboardInterrupt, and the peers that lost them, ended because they were asked.
+        exited = [r for r in exited if not _interrupted(r) and not _lost_a_peer(r)]
     if not exited or not _still_needed(snapshot, exited[0]):
         return None
     first = exited[0]
@@ -81,6 +86,12 @@ def _exit_order(rank: RankState) -> tuple[bool, float, int]:
     its last thread is gone, which can be after its sockets closed and a peer raised: 16 ms
     after, once, on a loaded machine."""
     return (_lost_a_peer(rank), rank.exited_at or 0.0, rank.rank)
+
+
+def _interrupted(rank: RankState) -> bool:
+    reason = rank.exit_reason
+    return reason is not None and (reason.exception == "KeyboardInterrupt"
+                                   or reason.signal == "SIGINT")
 
 
 def _lost_a_peer(rank: RankState) -> bool:

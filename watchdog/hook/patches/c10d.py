@@ -26,11 +26,13 @@ BATCH_OPS = frozenset({"isend", "irecv"})  # what batch_isend_irecv accepts
 
 def wrap_collective(original: Callable[..., Any], c10d: ModuleType, rec: Recorder,
                     slots: GroupSlots, works: PendingWorks) -> Callable[..., Any]:
-    """A collective, on its group's slot."""
-    enter, complete, grad_synced = rec.enter, rec.complete, rec.grad_synced
+    """A collective, on its group's slot. In the step before a check, what an all_reduce
+    reduces goes to the checks: gradients averaged by hand (hook/averaged.py)."""
+    enter, complete, grad_synced, checks = rec.enter, rec.complete, rec.grad_synced, rec.checks
     cached, register = slots.cache, slots.register
     op = original.__name__.encode()
     shares_model = original.__name__ in SHARES_MODEL
+    averages = original.__name__ == "all_reduce"
     params = list(inspect.signature(original).parameters)
     group_at = params.index("group")
     async_at = params.index("async_op") if "async_op" in params else sys.maxsize
@@ -48,6 +50,8 @@ def wrap_collective(original: Callable[..., Any], c10d: ModuleType, rec: Recorde
             slot = register(group, group, None)
         if slot < 0:
             return original(*args, **kwargs)
+        if averages and checks.grads_due:
+            rec.run_check(checks.reduced, args[0] if args else kwargs.get("tensor"), group)
         seq = enter(slot, op)
         result = original(*args, **kwargs)
         if args[async_at] if len(args) > async_at else kwargs.get("async_op"):

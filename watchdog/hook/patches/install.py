@@ -12,6 +12,7 @@ from typing import Any
 from watchdog.collectives import COLLECTIVES, POINT_TO_POINT
 from watchdog.hook.patches import c10d as c10d_wrappers
 from watchdog.hook.patches import ddp, setup
+from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.groups import GroupSlots
 from watchdog.hook.patches.sampler import wrap_sampler_iter
 from watchdog.hook.patches.works import PendingWorks, patch_work_wait
@@ -21,7 +22,8 @@ from watchdog.hook.recorder import Recorder
 class TorchPatches:
     """The patches of one hooked process, and the state their wrappers share: the process group
     -> beacon slot cache and the async works not waited for yet. `become_rank` starts an armed
-    recorder once init_process_group tells the rank."""
+    recorder once init_process_group tells the rank. The checks' wrappers are installed whatever
+    checks run: an armed process learns its checks only when it becomes a rank."""
 
     def __init__(self, recorder: Recorder, become_rank: setup.BecomeRank | None = None) -> None:
         self._rec = recorder
@@ -35,6 +37,7 @@ class TorchPatches:
             "torch.distributed": self.patch_distributed,
             "torch.nn.parallel.distributed": self.patch_ddp,
             "torch.optim.optimizer": self.patch_optimizer,
+            "torch._tensor": self.patch_tensor,
             "torch.utils.data.distributed": self.patch_sampler,
         }
 
@@ -84,20 +87,25 @@ class TorchPatches:
         rec, ddp_class = self._rec, module.DistributedDataParallel
         rec.checks.use_torch(sys.modules["torch"])
         ddp_class.forward = ddp.wrap_forward(ddp_class.forward, rec, self.slots)
-        if rec.checks.first_check != sys.maxsize:
-            ddp_class.__init__ = ddp.wrap_constructor(ddp_class.__init__, rec)
+        ddp_class.__init__ = ddp.wrap_constructor(ddp_class.__init__, rec)
         for name in ddp.DDP_INIT_CALLS:
             wrapper = ddp.wrap_init_call(getattr(module, name, None), rec, self.slots)
             if wrapper is not None:
                 setattr(module, name, wrapper)
 
     def patch_sampler(self, module: ModuleType) -> None:
-        if "sampler_epoch_reused" in self._rec.checks.enabled:
-            sampler_class = module.DistributedSampler
-            sampler_class.__iter__ = wrap_sampler_iter(sampler_class.__iter__, self._rec)
+        sampler_class = module.DistributedSampler
+        sampler_class.__iter__ = wrap_sampler_iter(sampler_class.__iter__, self._rec)
 
     def patch_optimizer(self, module: ModuleType) -> None:
+        """Count optimizer steps; the checks run after some of them."""
+        self._rec.checks.use_torch(sys.modules["torch"])
         module.register_optimizer_step_post_hook(self._rec.optimizer_stepped)
+
+    def patch_tensor(self, module: ModuleType) -> None:
+        """The losses backward() is called on feed the nonfinite_loss check."""
+        tensor_class = module.Tensor
+        tensor_class.backward = wrap_backward(tensor_class.backward, self._rec)
 
 
 def _replace(dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:

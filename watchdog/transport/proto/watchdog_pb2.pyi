@@ -196,7 +196,8 @@ Global___RankState: _TypeAlias = RankState  # noqa: Y015
 @_typing.final
 class CheckEvidence(_message.Message):
     """What a rank's silent-bug checks gathered; the coordinator compares ranks into findings
-    (REPLICA_DESYNC, NO_GRAD_SYNC, DUPLICATE_DATA, SAMPLER_EPOCH_REUSED, DDP_MODULE_CHANGED).
+    (REPLICA_DESYNC, NO_GRAD_SYNC, DUPLICATE_DATA, SAMPLER_EPOCH_REUSED, DDP_MODULE_CHANGED,
+    NONFINITE_LOSS).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -206,10 +207,11 @@ class CheckEvidence(_message.Message):
     UNSYNCED_STEPS_FIELD_NUMBER: _builtins.int
     SAMPLER_REUSE_FIELD_NUMBER: _builtins.int
     DDP_MODULE_CHANGE_FIELD_NUMBER: _builtins.int
+    NONFINITE_LOSS_FIELD_NUMBER: _builtins.int
     checks: _builtins.int
     """The checks the rank's hook runs: bit i is the i-th finding of model.CHECK_KINDS."""
     unsynced_steps: _builtins.int
-    """optimizer steps since a gradient collective was last seen"""
+    """optimizer steps, while no gradient collective was ever seen"""
     @_builtins.property
     def fingerprints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fingerprint]:
         """The rank's latest fingerprints, in the few reports after it took a new one."""
@@ -218,6 +220,8 @@ class CheckEvidence(_message.Message):
     def sampler_reuse(self) -> Global___SamplerReuse: ...
     @_builtins.property
     def ddp_module_change(self) -> Global___DdpModuleChange: ...
+    @_builtins.property
+    def nonfinite_loss(self) -> Global___NonfiniteLoss: ...
     def __init__(
         self,
         *,
@@ -226,10 +230,11 @@ class CheckEvidence(_message.Message):
         unsynced_steps: _builtins.int = ...,
         sampler_reuse: Global___SamplerReuse | None = ...,
         ddp_module_change: Global___DdpModuleChange | None = ...,
+        nonfinite_loss: Global___NonfiniteLoss | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ddp_module_change", b"ddp_module_change", "sampler_reuse", b"sampler_reuse"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ddp_module_change", b"ddp_module_change", "nonfinite_loss", b"nonfinite_loss", "sampler_reuse", b"sampler_reuse"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "ddp_module_change", b"ddp_module_change", "fingerprints", b"fingerprints", "sampler_reuse", b"sampler_reuse", "unsynced_steps", b"unsynced_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "ddp_module_change", b"ddp_module_change", "fingerprints", b"fingerprints", "nonfinite_loss", b"nonfinite_loss", "sampler_reuse", b"sampler_reuse", "unsynced_steps", b"unsynced_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -237,8 +242,9 @@ Global___CheckEvidence: _TypeAlias = CheckEvidence  # noqa: Y015
 
 @_typing.final
 class Fingerprint(_message.Message):
-    """A digest of a DDP module's parameters after an optimizer step, or of the batch its forward
-    received after that step: equal on every replica in sync.
+    """A digest of a DDP module's parameters after an optimizer step, of the batch its forward
+    received after that step, or of the parameters an optimizer stepped after their gradients
+    were averaged over a group by hand: equal on every replica in sync.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -249,11 +255,11 @@ class Fingerprint(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     of: _builtins.str
-    """"parameters" or "batch" """
+    """"parameters", "batch" or "optimizer" """
     group: _builtins.str
-    """the DDP module's process group"""
+    """the DDP module's process group, or the one gradients were averaged over"""
     module: _builtins.int
-    """which DDP module of the rank, in the order they were wrapped"""
+    """which DDP module (or optimizer) of the rank, in the order first seen"""
     step: _builtins.int
     digest: _builtins.int
     def __init__(
@@ -332,6 +338,31 @@ class DdpModuleChange(_message.Message):
 Global___DdpModuleChange: _TypeAlias = DdpModuleChange  # noqa: Y015
 
 @_typing.final
+class NonfiniteLoss(_message.Message):
+    """The first loss of the rank that was NaN or infinite."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """the optimizer steps taken before it"""
+    value: _builtins.float
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        value: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NonfiniteLoss: _TypeAlias = NonfiniteLoss  # noqa: Y015
+
+@_typing.final
 class ExitReason(_message.Message):
     """Why a rank's process ended: the exception it raised, or the signal that killed it."""
 
@@ -382,6 +413,7 @@ class Activity(_message.Message):
     READ_RATE_FIELD_NUMBER: _builtins.int
     WRITE_RATE_FIELD_NUMBER: _builtins.int
     GPU_UTIL_FIELD_NUMBER: _builtins.int
+    MAIN_WAIT_FIELD_NUMBER: _builtins.int
     window: _builtins.float
     """seconds the rates cover; 0: not known yet"""
     main_cpu: _builtins.float
@@ -394,6 +426,8 @@ class Activity(_message.Message):
     """bytes/s it wrote"""
     gpu_util: _builtins.float
     """percent of the GPU's SMs busy with this process"""
+    main_wait: _builtins.float
+    """share of the window the main thread waited, runnable, for a CPU"""
     def __init__(
         self,
         *,
@@ -403,10 +437,11 @@ class Activity(_message.Message):
         read_rate: _builtins.float = ...,
         write_rate: _builtins.float = ...,
         gpu_util: _builtins.float | None = ...,
+        main_wait: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_util", b"_gpu_util", "gpu_util", b"gpu_util"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_util", b"_gpu_util", "gpu_util", b"gpu_util", "main_cpu", b"main_cpu", "process_cpu", b"process_cpu", "read_rate", b"read_rate", "window", b"window", "write_rate", b"write_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_util", b"_gpu_util", "gpu_util", b"gpu_util", "main_cpu", b"main_cpu", "main_wait", b"main_wait", "process_cpu", b"process_cpu", "read_rate", b"read_rate", "window", b"window", "write_rate", b"write_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_util: _TypeAlias = _typing.Literal["gpu_util"]  # noqa: Y015
     _WhichOneofArgType__gpu_util: _TypeAlias = _typing.Literal["_gpu_util", b"_gpu_util"]  # noqa: Y015

@@ -1,0 +1,94 @@
+"""Every subcommand given bad input (a missing file, a directory for a file, a bad or unknown
+option, a bad value, an unreachable coordinator, a command that cannot start) answers with one
+line and a hint, exit 2 for usage and 1 for a failure: never a traceback. In this process, as
+`watchdog` runs: the real parser, the real commands, nothing started but what they start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from watchdog.cli import main
+from watchdog.cli.main import COMMANDS
+from watchdog.errors import ExitCode
+
+MISSING = "missing/file"  # under the test's own directory, its working directory here
+# A directory wherever a file is wanted: the test's own (a command that mistook "/" for its
+# database once made the machine's root 0600), whose mode nothing may change.
+DIRECTORY = "./a-directory"
+UNREACHABLE = "127.0.0.1:1"  # refused at once: nothing listens on port 1
+
+USAGE, ERROR = ExitCode.USAGE, ExitCode.ERROR
+WALK: list[tuple[list[str], int]] = [
+    (["run", "--", MISSING], USAGE),
+    (["run", "--", DIRECTORY], USAGE),
+    (["run", "--report", DIRECTORY, "--", "true"], USAGE),
+    (["run", "--on-hang", "never", "--", "true"], USAGE),
+    (["run", "--stall-timeout", "soon", "--", "true"], USAGE),
+    (["run", "--bogus", "--", "true"], USAGE),
+    (["run"], USAGE),
+    (["launch", "--", MISSING], USAGE),
+    (["launch", "--", DIRECTORY], USAGE),
+    (["launch", "--bogus", "--", "true"], USAGE),
+    (["demo", "--bogus"], USAGE),
+    (["agent", "--coordinator", "nohost:port"], USAGE),
+    (["agent", "--beacon-dir", __file__], USAGE),
+    (["agent", "--token-file", MISSING], USAGE),
+    (["agent", "--interval", "0"], USAGE),
+    (["agent", "--bogus"], USAGE),
+    (["coordinator", "--listen", "127.0.0.1:port"], USAGE),
+    (["coordinator", "--db", DIRECTORY, "--listen", "127.0.0.1:0"], ERROR),
+    (["coordinator", "--token-file", MISSING], USAGE),
+    (["coordinator", "--tls-cert", MISSING, "--tls-key", MISSING], USAGE),
+    (["coordinator", "--bogus"], USAGE),
+    (["status", "--coordinator", UNREACHABLE], ERROR),
+    (["status", "--token-file", MISSING], USAGE),
+    (["status", "--coordinator", UNREACHABLE, "--tls-ca", MISSING], USAGE),
+    (["status", "--bogus"], USAGE),
+    (["incidents", "show"], USAGE),
+    (["incidents", "show", "nope", "--db", "incidents.db"], ERROR),
+    (["incidents", "list", "--db", DIRECTORY], ERROR),
+    (["incidents", "show", "nope", "--html", DIRECTORY], USAGE),
+    (["incidents", "list", "--html", "page.html"], USAGE),
+    (["incidents", "forget"], USAGE),
+    (["explain", MISSING], ERROR),
+    (["explain", DIRECTORY], ERROR),
+    (["explain", "--bogus"], USAGE),
+    (["doctor", "--bogus"], USAGE),
+    (["check", "--nproc", "two"], USAGE),
+    (["check", "--backend", "mpi"], USAGE),
+    (["check", "--bogus"], USAGE),
+    (["bogus"], USAGE),
+]
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own exit, after its message
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize(("argv", "expected"), WALK, ids=[" ".join(a) for a, _ in WALK])
+def test_bad_input_is_one_line_and_a_hint(argv: list[str], expected: int, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WATCHDOG_DB", str(tmp_path / "incidents.db"))
+    monkeypatch.chdir(tmp_path)
+    directory = tmp_path / DIRECTORY
+    directory.mkdir(mode=0o755)
+    code = exit_code(argv)
+    captured = capsys.readouterr()
+    assert directory.stat().st_mode & 0o777 == 0o755, "a directory given as a file is left alone"
+    assert code == expected, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    errors = [line for line in captured.err.splitlines()
+              if line.startswith(("watchdog", "  hint: "))]
+    assert errors[0].startswith("watchdog"), captured.err
+    assert errors[-1].startswith("  hint: "), captured.err
+    assert captured.out == "", "a failure says so on stderr alone"
+
+
+def test_the_walk_visits_every_subcommand() -> None:
+    assert {argv[0] for argv, _ in WALK} >= {command.name for command in COMMANDS}
