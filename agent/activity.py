@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent import procfs
 from watchdog.model import NO_ACTIVITY, Activity
 
 WINDOW_S = 3.0
+RUNNABLE_READINGS = 3  # in the window, before the share found runnable says anything
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -27,6 +28,7 @@ class Reading:
     main_wait: float | None  # seconds the main thread waited, runnable, for a CPU
     process_cpu: float  # seconds
     io: tuple[int, int] | None  # bytes read, written
+    runnable: bool = False  # its main thread was runnable (state R) at the reading
 
 
 def read(pid: int, at: float, stat: procfs.ProcStat, proc: str = "/proc") -> Reading:
@@ -34,7 +36,7 @@ def read(pid: int, at: float, stat: procfs.ProcStat, proc: str = "/proc") -> Rea
     sched = procfs.main_thread_sched_ns(pid, proc)
     return Reading(at, None if sched is None else sched[0] / 1e9,
                    None if sched is None else sched[1] / 1e9,
-                   stat.cpu_ticks / _TICKS_PER_S, procfs.io_bytes(pid, proc))
+                   stat.cpu_ticks / _TICKS_PER_S, procfs.io_bytes(pid, proc), stat.state == "R")
 
 
 class ActivityWindow:
@@ -51,7 +53,13 @@ class ActivityWindow:
         readings.append(reading)
         while len(readings) > 2 and reading.at - readings[1].at >= WINDOW_S:
             readings.popleft()
-        return rates(readings[0], reading, gpu_util)
+        work = rates(readings[0], reading, gpu_util)
+        if len(readings) < RUNNABLE_READINGS:
+            return work
+        # The kernel adds a wait to the run delay only once the thread runs again: a thread
+        # starved outright shows none. Runnable at most readings while it barely ran, it waited.
+        runnable = sum(r.runnable for r in readings) / len(readings) - work.main_cpu
+        return replace(work, main_wait=min(1.0, max(work.main_wait, runnable)))
 
 
 def rates(old: Reading, new: Reading, gpu_util: float | None = None) -> Activity:

@@ -127,7 +127,9 @@ class Activity:
     read_rate: float = 0.0  # bytes/s read (files, pipes, sockets)
     write_rate: float = 0.0  # bytes/s written
     gpu_util: float | None = None  # percent of the GPU's SMs busy with it; None: unknown
-    main_wait: float = 0.0  # share of the window the main thread was runnable, waiting for a CPU
+    # Share of the window the main thread was runnable, waiting for a CPU: the kernel's run
+    # delay, or where larger the share of readings that found it runnable less its CPU use.
+    main_wait: float = 0.0
 
 
 NO_ACTIVITY = Activity()

@@ -37,21 +37,25 @@ def _spinning(policy: str) -> subprocess.Popen[bytes]:
                              "while True: pass"])
 
 
-def _reading(pid: int) -> activity.Reading:
-    return activity.read(pid, time.time(), procfs.read_stat(pid) or pytest.fail(f"no {pid}"))
+def _window_of(pid: int, seconds: float) -> Activity:
+    """The activity of `pid` over `seconds`, read as an agent reads it, 5 times a second."""
+    window, activity_now = activity.ActivityWindow(), NO_ACTIVITY
+    for _ in range(int(seconds * 5) + 1):
+        stat = procfs.read_stat(pid) or pytest.fail(f"no {pid}")
+        activity_now = window.add(activity.read(pid, time.time(), stat))
+        time.sleep(0.2)
+    return activity_now
 
 
 def test_a_thread_starved_of_cpu_is_seen_waiting_and_a_sleeping_one_is_not() -> None:
-    """At SCHED_IDLE beside a busy loop on its core, a loop waits runnable nearly all the time:
-    the state letter catches that only now and then; schedstat's run delay measures it."""
+    """At SCHED_IDLE beside a busy loop on its core, a loop waits runnable nearly all the time
+    (the kernel counts a wait in the run delay only once the thread runs again, so the readings
+    that found it runnable count too); a sleeping process waits for nothing."""
     hog, starved = _spinning("--other"), _spinning("--idle")
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)  # past the interpreters' start
-        before = [_reading(p.pid) for p in (starved, sleeper)]
-        time.sleep(1.5)
-        after = [_reading(p.pid) for p in (starved, sleeper)]
-        waits = [activity.rates(b, a).main_wait for b, a in zip(before, after, strict=True)]
+        waits = [_window_of(p.pid, 1.6).main_wait for p in (starved, sleeper)]
         assert waits[0] >= 0.5 and waits[1] < 0.05, waits
     finally:
         for proc in (hog, starved, sleeper):
@@ -59,19 +63,17 @@ def test_a_thread_starved_of_cpu_is_seen_waiting_and_a_sleeping_one_is_not() -> 
             proc.wait()
 
 
-def test_without_the_main_threads_counter_the_process_bounds_it() -> None:
-    rates = activity.rates(reading(0.0, None, 1.0, None), reading(5.0, None, 3.0, None))
-    assert (rates.main_cpu, rates.process_cpu, rates.write_rate) == (0.4, 0.4, 0.0)
-
-
-def test_the_window_keeps_the_last_few_seconds() -> None:
+def test_a_hung_thread_caught_runnable_once_is_not_waiting() -> None:
     window = activity.ActivityWindow()
-    for second in range(20):  # one report a second, a core busy the first 10 s, then idle
-        cpu = float(min(second, 10))
-        latest = window.add(reading(float(second), cpu, cpu, (0, 0)))
-    assert latest.window == activity.WINDOW_S
-    assert latest.main_cpu == 0.0
-    assert window.add(reading(19.5, 10.0, 10.0, (0, 0))).window == activity.WINDOW_S + 0.5
+    states = [False, True, False, False]  # a poll loop's wake-up, caught once in four readings
+    for second, runnable in enumerate(states):
+        latest = window.add(activity.Reading(float(second), 0.001 * second, 0.0, 0.001 * second,
+                                             None, runnable))
+    assert latest.main_wait == pytest.approx(0.249)  # a quarter of the readings, less its CPU
+    starved = activity.ActivityWindow()
+    for second in range(4):
+        latest = starved.add(activity.Reading(float(second), 0.0, 0.0, 0.0, None, True))
+    assert latest.main_wait == 1.0
 
 
 def test_this_process_counters_move_when_it_works(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ BUSY_PROCESS_CPU = 0.10  # cores used by the whole process (a writer thread, say
 BUSY_IO_RATE = 64 * 1024  # bytes/s read or written
 # ...or its main thread waited, runnable, this share of the time for a CPU that other work held
 # (a hung rank sleeps in its wait, and a moment's R in its state letter is no sign).
-STARVED_MAIN_WAIT = 0.25
+STARVED_MAIN_WAIT = 0.5
 _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and the collective
 # Any module of torch.distributed but its checkpointing, which writes and plans in its own
 # frames (a long save is a phase, not a wait) and waits through distributed_c10d.py, which the
