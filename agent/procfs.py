@@ -70,11 +70,14 @@ def _read_small(path: str) -> bytes | None:
 def main_thread_sched_ns(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
     """The nanoseconds the process's main thread ran, and waited runnable for a CPU (schedstat:
     finer than stat's ticks, and the thread alone: not the helper threads of gloo, NCCL or the
-    hook). A waiting thread is one sample of the state letter; its wait is measured here."""
+    hook). A wait still going on is not counted yet: the kernel adds it once the thread runs."""
     raw = _read_small(f"{proc}/{pid}/task/{pid}/schedstat")
+    if raw is None:
+        return None
     try:
-        return None if raw is None else (int(raw.split()[0]), int(raw.split()[1]))
-    except (ValueError, IndexError):
+        ran, waited = raw.split()[:2]  # too few fields: ValueError too
+        return int(ran), int(waited)
+    except ValueError:
         return None
 
 

@@ -153,13 +153,12 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
         return ""
     signs = []
     work = rank.activity
-    spinning = stack is not None and waits_on_device(stack.frames)
-    computing = False
     if 0 < work.window <= stalled_for:
         for verb, rate in (("reading", work.read_rate), ("writing", work.write_rate)):
             if rate >= BUSY_IO_RATE:
                 signs.append(f"{verb} {rate / 1e6:.1f} MB/s" if rate < 1e9
                              else f"{verb} {rate / 1e9:.1f} GB/s")
+        spinning = stack is not None and waits_on_device(stack.frames)
         computing = work.main_cpu >= BUSY_MAIN_CPU or work.process_cpu >= BUSY_PROCESS_CPU
         if computing and not spinning:
             signs.append(f"using {max(work.main_cpu, work.process_cpu):.0%} of a core")

@@ -102,7 +102,7 @@ def _read_tables(tables: tuple[str, ...]) -> list[str]:
             with open(table) as f:
                 lines += f.readlines()[1:]
         except OSError:
-            continue  # no IPv6 on this machine
+            continue  # no IPv6 on this machine, say: the other table may still answer
     return lines
 
 
