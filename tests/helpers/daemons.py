@@ -4,17 +4,19 @@ machine); `watchdog status` reads the coordinator."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.helpers.harness import WATCHDOG, job_env, stop_process, stored
 from watchdog.cli.demo import free_port, torchrun_command
 
+D = TypeVar("D", bound="Daemons")
 DIAGNOSIS_DEADLINE_S = 120
 JOB_ID = "daemons-test-job"
 # A job whose ranks take 3 steps together, then sleep: a stall with no culprit of its own.
@@ -49,6 +51,18 @@ class Daemons:
 
     def stop(self) -> None:
         self.logs += [stop_process(proc) for proc in (self.agent, self.coordinator)]
+
+
+@contextlib.contextmanager
+def running(kind: type[D], tmp_path: Path) -> Iterator[D]:
+    """The daemons of `kind`, stopped afterwards; their logs printed (pytest shows them when the
+    test fails)."""
+    daemons = kind(tmp_path)
+    try:
+        yield daemons
+    finally:
+        daemons.stop()
+        print("\n---\n".join(daemons.logs))
 
 
 def status(address: str) -> dict[str, Any] | None:

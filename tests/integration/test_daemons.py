@@ -10,19 +10,22 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.daemons import Daemons, end_job, job_incidents, start_job, wait_for_verdict
+from tests.helpers.daemons import (
+    Daemons,
+    end_job,
+    job_incidents,
+    running,
+    start_job,
+    wait_for_verdict,
+)
 from tests.helpers.harness import WATCHDOG, job_env
 from watchdog.cli.demo import free_port
 
 
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
+    with running(Daemons, tmp_path) as d:
         yield d
-    finally:
-        d.stop()
-        print("\n---\n".join(d.logs))
 
 
 def culprit_functions(verdict: dict[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ from tests.helpers.daemons import (
     HANG_AFTER_3_STEPS,
     WebDaemons,
     end_job,
+    running,
     start_job,
     status,
     wait_for_verdict,
@@ -71,12 +72,8 @@ class Readers:
 
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[WebDaemons]:
-    d = WebDaemons(tmp_path)
-    try:
+    with running(WebDaemons, tmp_path) as d:
         yield d
-    finally:
-        d.stop()
-        print("\n---\n".join(d.logs))
 
 
 def printed_ids(logs: list[str]) -> set[str]:

@@ -30,7 +30,14 @@ from cryptography.x509.oid import NameOID
 
 from tests.helpers.browser import screenshot
 from tests.helpers.builders import SITE
-from tests.helpers.daemons import JOB_ID, WebDaemons, end_job, start_job, wait_for_verdict
+from tests.helpers.daemons import (
+    JOB_ID,
+    WebDaemons,
+    end_job,
+    running,
+    start_job,
+    wait_for_verdict,
+)
 from tests.helpers.harness import WATCHDOG, job_env, wait_for_output
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.store import IncidentStore
@@ -87,7 +94,11 @@ def web_coordinator(tmp: Path, *flags: str, web_host: str = "127.0.0.1") -> Iter
 # -- a real job ------------------------------------------------------------------------------
 
 def test_web_view_shows_a_running_job_and_its_verdict(tmp_path: Path, browser: Any) -> None:
-    daemons = WebDaemons(tmp_path)
+    with running(WebDaemons, tmp_path) as daemons:
+        _a_running_job_and_its_verdict(daemons, tmp_path, browser)
+
+
+def _a_running_job_and_its_verdict(daemons: WebDaemons, tmp_path: Path, browser: Any) -> None:
     job = start_job(tmp_path, *WATCHDOG, "launch", "--")
     try:
         wait_for_verdict(daemons.address)
@@ -115,8 +126,6 @@ def test_web_view_shows_a_running_job_and_its_verdict(tmp_path: Path, browser: A
         page.close()
     finally:
         end_job(job)
-        daemons.stop()
-        print("\n---\n".join(daemons.logs))
 
 
 # -- hostile names through real gRPC ---------------------------------------------------------
