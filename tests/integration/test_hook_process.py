@@ -179,6 +179,23 @@ def test_sys_exit_in_another_thread_ends_only_that_thread(tmp_path: Path) -> Non
     assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, 0)
 
 
+def test_the_publisher_has_stopped_before_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """A daemon thread still inside torch when the interpreter finalizes aborts the process
+    (seen at the end of healthy jobs); exit handlers run last-registered first, so one
+    registered before the hook runs after the hook's own."""
+    code = ("import atexit, threading, watchdog\n"
+            "from watchdog.hook.lifecycle import PUBLISHER_THREAD\n"
+            "atexit.register(lambda: print(PUBLISHER_THREAD in [t.name for t in "
+            "threading.enumerate()]))\n"
+            "print(watchdog.install()); watchdog.step()")
+    env = hooked_env(tmp_path, RANK="0", WORLD_SIZE="1")
+    del env["WATCHDOG_AUTOINSTALL"]  # installed by the code, after its own exit handler
+    run = run_python(code, env)
+    assert run.stdout.split() == ["True", "False"], run.stderr
+    (snap,) = beacons(tmp_path).values()
+    assert (snap.steps, snap.exit_state, snap.exit_code) == (1, EXIT_CLEAN, 0)
+
+
 def test_forked_child_never_writes_the_rank_beacon(tmp_path: Path) -> None:
     code = ("import os, sys, watchdog\n"
             "pid = os.fork()\n"

@@ -93,6 +93,15 @@ def test_a_replica_loaded_after_wrapping_is_named_once_every_member_reported(
     assert judge(tracker, *ranks) == []  # said once
 
 
+def test_replicas_out_of_sync_at_two_checks_that_arrive_together_are_one_finding(
+        one_rank: None, tmp_path: Path) -> None:
+    """A coordinator busy for a while reads the fingerprints of steps 8 and 16 at once."""
+    ranks = [trained(tmp_path, r, loaded=r == 2, n_steps=16) for r in range(4)]
+    (finding,) = judge(FindingTracker(), *ranks)
+    assert (finding.kind, finding.culprit_ranks, finding.step) == (Kind.REPLICA_DESYNC, (2,),
+                                                                    FIRST_CHECK)
+
+
 def test_replicas_in_sync_are_no_finding(one_rank: None, tmp_path: Path) -> None:
     ranks = [trained(tmp_path, r, batch=float(r), n_steps=16) for r in range(4)]
     tracker = FindingTracker()

@@ -174,8 +174,11 @@ class FindingTracker:
             found += self._per_rank(snapshot, now)
         if self._nonfinite:
             found += self._first_nonfinite(snapshot, now)
-        new = [f for f in found if f.key not in self.reported]
-        self.reported.update(f.key for f in new)
+        new = []
+        for finding in found:  # two checks read at once may find one thing twice: the first counts
+            if finding.key not in self.reported:
+                self.reported.add(finding.key)
+                new.append(finding)
         return new
 
     # -- fingerprints --

@@ -37,6 +37,7 @@ from watchdog.hook.recorder import Recorder
 
 PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by default
 PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
+SHUTDOWN_WAIT = 1.0  # seconds an exiting rank waits for a publish in progress
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -121,11 +122,13 @@ def _start(recorder: Recorder, identity: Identity) -> None:
     recorder.start(writer, identity, enabled, every)
     recorder.publish()
     os.environ[HOOK_PID] = str(identity.pid)
-    atexit.register(recorder.mark_shutdown)
+    stop = threading.Event()
+    publisher = threading.Thread(target=_publish_forever, args=(recorder, stop),
+                                 name=PUBLISHER_THREAD, daemon=True)
+    atexit.register(_shut_down, recorder, publisher, stop)
     sys.excepthook = _marking_excepthook(recorder, sys.excepthook)
     sys.exit = _noting_exit(recorder, sys.exit)
-    threading.Thread(target=_publish_forever, args=(recorder,), name=PUBLISHER_THREAD,
-                     daemon=True).start()
+    publisher.start()
 
 
 def _become_rank(recorder: Recorder, rank: int, world_size: int) -> None:
@@ -188,13 +191,24 @@ def _exit_code(status: object) -> int:
     return 1  # Python prints any other status and exits with 1
 
 
-def _publish_forever(recorder: Recorder) -> None:
+def _publish_forever(recorder: Recorder, stop: threading.Event) -> None:
     """Progress and liveness reach the beacon from here. Publishing stops when the process dies,
     or when native code holds the GIL for good: the stale stamp is what tells that rank from one
     blocked in a collective, which releases the GIL."""
-    while not recorder.failed:
+    while not recorder.failed and not stop.wait(PUBLISH_INTERVAL):
         recorder.publish()
-        time.sleep(PUBLISH_INTERVAL)
+
+
+def _shut_down(recorder: Recorder, publisher: threading.Thread, stop: threading.Event) -> None:
+    """atexit: the publisher ends before the interpreter finalizes. A daemon thread found inside
+    torch then (reading a loss back, with the GIL released) is ended by the interpreter in the
+    middle of a C++ call that may not unwind, and the whole rank aborts ("terminate called
+    without an active exception"). A publish takes milliseconds; the wait is bounded all the
+    same, as the exit is the user's."""
+    stop.set()
+    if publisher.is_alive():
+        publisher.join(SHUTDOWN_WAIT)
+    recorder.mark_shutdown()
 
 
 def step() -> None:
