@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # Imported "as" themselves: re-exported, for the code that sees only this module (the op is
 # the one the hook records for DDP's constructor, which the coordinator words).
@@ -292,6 +293,24 @@ class NodeReport:
     ranks: tuple[RankState, ...]
 
 
+# Up to this many ranks, an incident and status list every rank in full: what any small job shows.
+FULL_ROWS = 256
+# Above, they list at most this many ranks in full (culprits first, then
+# ranks a reader asked for, then ranks with evidence of their own); the rest are grouped.
+MAX_FULL_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """What `watchdog status` asks: one job ("" for every one) and ranks to list in full."""
+
+    job_id: str = ""
+    ranks: tuple[int, ...] = ()
+
+
+EVERY_JOB = StatusQuery()
+
+
 @dataclass(frozen=True)
 class StackRequest:
     request_id: int
@@ -355,3 +374,7 @@ class JobSnapshot:
     busy_timeout: float = float("inf")  # a rank busy this long while its peers wait is hung
     # rank -> the processes (host, pid) that claim it, where more than one does
     duplicates: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # What the coordinator reads out of this snapshot, kept with it: the verdict and the
+    # incident's table ask the same 131,072 ranks the same questions (`view.rank_evidence`).
+    # Not an init field: `dataclasses.replace` gives the copy a cache of its own.
+    derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)

@@ -37,6 +37,25 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return f"ranks {','.join(parts)}"
 
 
+def parse_ranks(spec: str, limit: int) -> tuple[int, ...]:
+    """'90000-90100,5' as ranks, sorted; ValueError for a spec that is not ranks and ranges of
+    them, or that names more than `limit` ranks."""
+    ranks: set[int] = set()
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not a rank or a range of ranks (0-7)") from None
+        if low < 0 or high < low:
+            raise ValueError(f"{part.strip()!r} is not a range of ranks: from low to high, "
+                             "from 0")
+        if len(ranks) + high - low + 1 > limit:
+            raise ValueError(f"more than {limit} ranks asked for at once")
+        ranks.update(range(low, high + 1))
+    return tuple(sorted(ranks))
+
+
 def bounded(text: str, limit: int = MAX_TEXT) -> str:
     """`text` if it fits in `limit` bytes of UTF-8, else its beginning, cut on a character,
     with TRUNCATED after it, `limit` bytes in all: a text a worker chose (a job id, a frame's

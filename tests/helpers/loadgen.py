@@ -297,7 +297,8 @@ class CountingCoordinator(Coordinator):
         self.incidents.append({
             "at": at, "kind": incident["kind"], "culprits": incident["culprit_ranks"][:8],
             "waiting": len(incident["waiting_ranks"]),
-            "stacks": sum(1 for row in incident["ranks"] if row["stack"]),
+            "stacks": sum(1 for row in incident["ranks"] if row["stack"])
+            + sum(group["count"] for group in incident["rank_groups"] if group["stack"]),
             "summary_chars": len(incident["summary"]), "json_bytes": len(incident_json(incident))})
 
     def stats(self) -> dict[str, Any]:

@@ -46,6 +46,8 @@ WALK: list[tuple[list[str], int]] = [
     (["status", "--token-file", MISSING], USAGE),
     (["status", "--coordinator", UNREACHABLE, "--tls-ca", MISSING], USAGE),
     (["status", "--bogus"], USAGE),
+    (["status", "--ranks", "9-2"], USAGE),
+    (["status", "--ranks", "0-99999"], USAGE),
     (["incidents", "show"], USAGE),
     (["incidents", "show", "nope", "--db", "incidents.db"], ERROR),
     (["incidents", "list", "--db", DIRECTORY], ERROR),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
+from watchdog.coordinator.collection import FULL_EVERY, sparing_full_collections
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
 from watchdog.model import NodeReport, RankState
@@ -216,3 +218,10 @@ def test_an_exit_that_raised_waits_no_longer_for_peers_that_train_on(tmp_path: P
 def test_an_exit_that_raised_waits_a_bounded_time(tmp_path: Path) -> None:
     incident = judge_exit(tmp_path, 0.5, tuple(rank(r) for r in (0, 1, 2)))
     assert incident["culprit_ranks"] == [3]
+
+
+def test_full_collections_are_spared_while_the_coordinator_runs_and_put_back_after() -> None:
+    before = gc.get_threshold()
+    with sparing_full_collections():
+        assert gc.get_threshold() == (*before[:2], FULL_EVERY)
+    assert gc.get_threshold() == before

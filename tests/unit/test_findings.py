@@ -28,7 +28,7 @@ from watchdog.coordinator.findings import (
     replica_culprits,
 )
 from watchdog.hook.checks import FIRST_CHECK
-from watchdog.model import CheckEvidence, JobSnapshot, Kind, NodeReport, RankState
+from watchdog.model import EVERY_JOB, CheckEvidence, JobSnapshot, Kind, NodeReport, RankState
 
 
 def trained(tmp_path: Path, number: int, *, loaded: bool = False, batch: float | None = None,
@@ -192,7 +192,7 @@ def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
                                                                         [1])
     stored = [json.loads(text) for text in hub.store.list_json()]
     assert [i["kind"] for i in stored] == ["MISSING_RANKS", "REPLICA_DESYNC"]
-    (job,) = json.loads(hub.status_json(""))["jobs"]
+    (job,) = json.loads(hub.status_json(EVERY_JOB))["jobs"]
     assert (job["state"], job["verdict"]["kind"]) == ("HUNG", "MISSING_RANKS")
     assert [f["kind"] for f in job["findings"]] == ["REPLICA_DESYNC"]
 
@@ -201,7 +201,7 @@ def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
     again.ingest(NodeReport("node-a", T0, tuple(replicas)), T0 + 10)
     judge_all(again, T0 + 10)
     assert len(heard) == 2
-    (job,) = json.loads(again.status_json(""))["jobs"]
+    (job,) = json.loads(again.status_json(EVERY_JOB))["jobs"]
     assert [f["id"] for f in job["findings"]] == [warning["id"]]
 
 
@@ -211,7 +211,7 @@ def test_a_job_with_a_warning_is_running(one_rank: None, tmp_path: Path) -> None
                 for r in range(4)]
     hub.ingest(NodeReport("node-a", now, tuple(replicas)), now)
     judge_all(hub, now)
-    status = json.loads(hub.status_json(""))
+    status = json.loads(hub.status_json(EVERY_JOB))
     (job,) = status["jobs"]
     assert (job["state"], job["verdict"]) == ("RUNNING", None)
     assert [(f["kind"], f["severity"]) for f in job["findings"]] == [("REPLICA_DESYNC", "warning")]

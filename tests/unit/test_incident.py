@@ -32,7 +32,7 @@ from tests.helpers.builders import (
     with_children,
 )
 from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
-from watchdog.coordinator.incident import build_incident, rank_rows, stack_groups
+from watchdog.coordinator.incident import build_incident, rank_table, stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import ExitReason, Frame, Kind, RankStack, Verdict
 from watchdog.text import clock
@@ -50,6 +50,7 @@ INCIDENT_KEYS = [
     "advice",
     "attempt",
     "ranks",
+    "rank_groups",
     "stack_groups",
 ]
 
@@ -117,7 +118,7 @@ def test_a_rank_whose_dataloader_worker_was_killed_carries_it_as_a_dead_child() 
     job = snapshot(dataclasses.replace(exited(rank(1, done(56, 2.6)), 3.0, 1, False),
                                        exit_reason=killed),
                    rank(0, entered(57, 3.1)), stalled=False)
-    (row,) = [r for r in rank_rows(job) if r["rank"] == 1]
+    (row,) = [r for r in rank_table(job)["ranks"] if r["rank"] == 1]
     assert row["children"] == [{
         "pid": 4250, "role": "dataloader_worker", "worker_id": None, "state": "", "stack": [],
         "error": "", "moved": False, "cpu": 0.0, "exit_code": None,
@@ -146,7 +147,7 @@ def test_rank_states() -> None:
         rank(7, done(57, 3.0)),
         rank(8, entered(57, 3.0)),  # rank 3 entered #58: this one is past #57, whatever it shows
     )
-    states = [row["state"] for row in rank_rows(job)]
+    states = [row["state"] for row in rank_table(job)["ranks"]]
     assert states == [
         "STOPPED",
         "WEDGED",
@@ -159,13 +160,13 @@ def test_rank_states() -> None:
         "STALLED",
     ]
     healthy = snapshot(rank(0, done(57, 3.0)), stalled=False)
-    assert rank_rows(healthy)[0]["state"] == "RUNNING"
+    assert rank_table(healthy)["ranks"][0]["state"] == "RUNNING"
 
 
 def test_last_collective_is_the_one_entered_last_across_groups() -> None:
     pair = entered(5, 4.0, group="1", ranks=(0, 1))
     job = snapshot(rank(0, done(57, 3.0), pair), rank(1))
-    rows = rank_rows(job)
+    rows = rank_table(job)["ranks"]
     assert rows[0]["last_collective"] == {
         "group": "1",
         "seq": 5,
@@ -275,7 +276,7 @@ def test_status_text_lists_jobs_ranks_and_verdict() -> None:
                 "state": "HUNG",
                 "world_size": 4,
                 "nodes": ["node-a"],
-                "ranks": rank_rows(job),
+                **rank_table(job),
                 "verdict": record,
             }
         ]
@@ -316,7 +317,7 @@ def test_barrier_trap_renders_both_stacks_apart() -> None:
 def test_timeline_keeps_each_groups_last_collective_the_latest_first_bounded() -> None:
     groups = [done(10 + g, float(g), group=str(g), ranks=(0,)) for g in range(12)]
     job = snapshot(exited(rank(0, *groups), at=20.0, code=1, clean=False))
-    timeline = rank_rows(job)[0]["timeline"]
+    timeline = rank_table(job)["ranks"][0]["timeline"]
     assert timeline["last_event_at"] == T0
     assert timeline["exited_at"] == T0 + 20.0
     assert [c["group"] for c in timeline["collectives"]] == [str(g) for g in range(11, 3, -1)]

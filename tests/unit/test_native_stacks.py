@@ -5,6 +5,7 @@ in DDP's constructor while a peer never wrapped its model."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,13 @@ import pytest
 from agent.stacks import main_thread_frames
 from tests.helpers.builders import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 from watchdog.coordinator.evidence import (
+    by_identity,
     collective_frame,
     distributed_frame,
     python_frames,
     stuck_frame,
 )
-from watchdog.coordinator.incident import rank_rows, stack_groups
+from watchdog.coordinator.incident import rank_table, stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Frame, Kind, RankStack
 
@@ -140,4 +142,25 @@ def test_hooked_ranks_that_cannot_record_ddps_constructor_leave_the_stacks_to_de
                                       "progress for 42 s outside any collective; ranks 0,1,3 "
                                       "wait in a collective (_verify_param_shape_across_processes"
                                       ), verdict.summary
-    assert [row["state"] for row in rank_rows(job)] == ["WAITING"] * 2 + ["STALLED", "WAITING"]
+    rows = rank_table(job)["ranks"]
+    assert [row["state"] for row in rows] == ["WAITING"] * 2 + ["STALLED", "WAITING"]
+
+
+def test_what_is_read_from_a_stack_is_kept_for_that_tuple_of_frames_only() -> None:
+    """Ranks alike share one tuple of frames: each question is asked of it once. A list may
+    change after it was asked about, so nothing is kept for one."""
+    asked: list[object] = []
+
+    @by_identity
+    def depth(frames: Sequence[Frame]) -> int:
+        asked.append(frames)
+        return len(frames)
+
+    shared = tuple(DATA_STALL)
+    assert [depth(shared) for _ in range(3)] == [len(DATA_STALL)] * 3 and asked == [shared]
+    equal = tuple(list(DATA_STALL))
+    assert depth(equal) == len(DATA_STALL) and len(asked) == 2
+    listed = list(DATA_STALL)
+    depth(listed)
+    listed.append(Frame("main", "train.py", 9))
+    assert depth(listed) == len(DATA_STALL) + 1

@@ -11,6 +11,7 @@ import pytest
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     DATALOADER_WORKER,
+    MAX_FULL_ROWS,
     Activity,
     CheckEvidence,
     ChildStack,
@@ -24,6 +25,7 @@ from watchdog.model import (
     RankState,
     StackReply,
     StackRequest,
+    StatusQuery,
 )
 from watchdog.text import MAX_TEXT, TRUNCATED
 from watchdog.transport import wire as _wire
@@ -77,6 +79,17 @@ def test_stack_reply_round_trip() -> None:
     reply = StackReply(7, "node-a", (stack, RankStack(2, 4244, error="process 4244 has exited")))
     raw = _wire.stacks_to_pb(reply).SerializeToString()
     assert _wire.agent_message_from_pb(pb.AgentMessage.FromString(raw)) == reply
+
+
+def test_equal_stacks_arrive_as_one_shared_tuple_of_frames() -> None:
+    """What the coordinator reads from a stack it reads once per distinct stack
+    (`evidence.by_identity`): 131,072 ranks waiting in one collective send one stack."""
+    frames = (Frame("all_reduce", "distributed_c10d.py", 2950), Frame("main", "train.py", 9))
+    reply = StackReply(7, "node-a", tuple(RankStack(r, 4000 + r, frames) for r in range(3)))
+    got = _wire.agent_message_from_pb(pb.AgentMessage.FromString(
+        _wire.stacks_to_pb(reply).SerializeToString()))
+    assert isinstance(got, StackReply) and got == reply
+    assert got.stacks[0].frames is got.stacks[1].frames is got.stacks[2].frames
 
 
 @pytest.mark.parametrize("broken", [
@@ -221,3 +234,12 @@ def test_stack_requests_ask_for_a_bounded_number_of_samples() -> None:
         raw = _wire.stack_request_to_pb(StackRequest(9, "job", (0, 1), asked)).SerializeToString()
         request = _wire.coordinator_message_from_pb(pb.CoordinatorMessage.FromString(raw))
         assert request == StackRequest(9, "job", (0, 1), served)
+
+
+def test_a_status_query_asks_for_ranks_in_full_within_bounds() -> None:
+    query = StatusQuery("job-1", (5, 90000, 90001, 90002))
+    assert _wire.status_request_from_pb(_wire.status_request_to_pb(query)) == query
+    assert _wire.status_request_from_pb(pb.StatusRequest()) == StatusQuery()
+    for hostile in ("9-2", "-1", "x", f"0-{MAX_FULL_ROWS}", "1,,2"):
+        with pytest.raises(MessageRejectedError, match="ranks: "):
+            _wire.status_request_from_pb(pb.StatusRequest(ranks=hostile))

@@ -27,6 +27,8 @@ _STATE_COLORS = {
 _ALARM = "\033[31m"  # every other state
 _COLUMNS = ("RANK", "HOST", "PID", "STATE", "STEP", "LAST COLLECTIVE", "HEARTBEAT")
 _CULPRIT_MARK = "*"
+MAX_RUNS = 4  # of a group's rank ranges, shown in its line
+LISTED_NODES = 8  # a job on more nodes gives their count and first and last names
 
 
 def use_color(stream: TextIO) -> bool:
@@ -55,7 +57,8 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
         lines += [f"{advice['category']}: {advice['cause']}", f"fix: {advice['fix']}"]
     if incident.get("finding"):
         lines += [f"cause: {incident['finding']['cause']}", f"fix: {incident['finding']['fix']}"]
-    lines += ["", rank_table(incident["ranks"], culprits, color)]
+    lines += ["", rank_table(incident["ranks"], culprits, color,
+                             incident.get("rank_groups") or ())]
     if incident["stack_groups"]:
         lines += ["", "stacks, fewest ranks first:"]
         who = [ranks_text(group["ranks"]) for group in incident["stack_groups"]]
@@ -90,10 +93,12 @@ def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
 
 
 def rank_table(
-    rows: Sequence[Mapping[str, Any]], culprits: Collection[int] = (), color: bool = False
+    rows: Sequence[Mapping[str, Any]], culprits: Collection[int] = (), color: bool = False,
+    groups: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """A fixed-width table, one line per rank; culprits marked with '*'."""
-    rows = printable_tree(rows)
+    """A fixed-width table, one line per rank listed in full (culprits marked with '*'), then
+    one per group of ranks alike (a large job's `rank_groups`)."""
+    rows = [*printable_tree(rows), *(_group_row(group) for group in printable_tree(groups))]
     cells = [_row_cells(row, row["rank"] in culprits) for row in rows]
     widths = [max(len(line[i]) for line in [list(_COLUMNS), *cells]) for i in range(len(_COLUMNS))]
     lines = ["  ".join(title.ljust(w) for title, w in zip(_COLUMNS, widths, strict=True)).rstrip()]
@@ -105,11 +110,12 @@ def rank_table(
 
 
 def _render_job(job: Mapping[str, Any], color: bool) -> str:
-    nodes = ",".join(job["nodes"]) or "-"
-    header = f"job {job['job_id']}  {job['state']}  world size {job['world_size']}  nodes {nodes}"
+    header = (f"job {job['job_id']}  {job['state']}  world size {job['world_size']}  nodes "
+              f"{_nodes_text(job['nodes'])}")
     verdict = job["verdict"]
     culprits = verdict["culprit_ranks"] if verdict else ()
-    lines = [_paint(header, _BOLD, color), rank_table(job["ranks"], culprits, color)]
+    lines = [_paint(header, _BOLD, color),
+             rank_table(job["ranks"], culprits, color, job.get("rank_groups") or ())]
     if verdict:
         alarm = _ALARM if verdict.get("severity", Severity.HANG) == Severity.HANG else _CAUTION
         lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + alarm, color))
@@ -120,6 +126,23 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     lines += [f"flagged, not trusted: rank {f['rank']} (pid {f['pid']} on {f['node']}): "
               f"{f['reason']}" for f in job.get("flagged", ())]
     return "\n".join(lines)
+
+
+def _nodes_text(nodes: Sequence[str]) -> str:
+    """'node-a,node-b'; past LISTED_NODES, '2048 (node-00000 ... node-02047)'."""
+    if len(nodes) <= LISTED_NODES:
+        return ",".join(nodes) or "-"
+    return f"{len(nodes)} ({nodes[0]} ... {nodes[-1]})"
+
+
+def _group_row(group: Mapping[str, Any]) -> dict[str, Any]:
+    """A group of ranks alike as a row of the table: its ranges where the rank goes."""
+    runs = [f"{a}-{b}" if b > a else str(a) for a, b in group["ranks"][:MAX_RUNS]]
+    more = f",... ({group['count']} ranks)" if len(group["ranks"]) > MAX_RUNS else (
+        f" ({group['count']})")
+    hosts = group["hosts"]
+    return {**group, "rank": ",".join(runs) + more,
+            "host": f"{hosts} host{'' if hosts == 1 else 's'}", "pid": "-", "heartbeat_age": None}
 
 
 def _row_cells(row: Mapping[str, Any], culprit: bool) -> list[str]:

@@ -17,6 +17,8 @@ from watchdog.cli import options
 from watchdog.cli.render import render_status, use_color
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import CoordinatorUnreachableError, WatchdogError
+from watchdog.model import EVERY_JOB, FULL_ROWS, MAX_FULL_ROWS, StatusQuery
+from watchdog.text import parse_ranks
 from watchdog.transport import ClientSecurity
 
 SOURCE_TIMEOUT_S = 5.0
@@ -27,6 +29,7 @@ class Source:
     label: str
     address: str
     security: ClientSecurity | None = None
+    query: StatusQuery = EVERY_JOB
 
 
 @dataclass
@@ -45,41 +48,74 @@ class StatusCommand:
     daemon = False
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--coordinator", metavar="HOST:PORT",
-                       help="ask this coordinator only (default: every `watchdog run` on this "
+        p.add_argument("--coordinator", metavar="HOST:PORT", action="append",
+                       help="ask this coordinator only; given again, each of them (the shards "
+                            "of a fleet), merged (default: every `watchdog run` on this "
                             f"machine and the coordinator at {DEFAULT_ADDRESS})")
         options.add_client_security_options(p)
         p.add_argument("--json", action="store_true", help="machine-readable (the contract)")
+        p.add_argument("--job", metavar="JOB_ID", default="", help="this job only")
+        p.add_argument("--ranks", metavar="LIST", type=_ranks,
+                       help="list these ranks in full too, e.g. 90000-90100,5 (a job of more "
+                            f"than {FULL_ROWS} ranks lists its culprits and odd ranks in full and "
+                            f"the others as groups of ranks alike; at most {MAX_FULL_ROWS})")
 
     def run(self, args: argparse.Namespace) -> int:
-        if args.coordinator is not None:
-            text = asyncio.run(_status_text(Source("", args.coordinator,
-                                                   options.client_security_of(args))))
+        query = StatusQuery(args.job, args.ranks or ())
+        security = options.client_security_of(args)
+        if args.coordinator is not None and len(args.coordinator) == 1:
+            text = asyncio.run(_status_text(Source("", args.coordinator[0], security, query)))
             print(text if args.json
                   else render_status(json.loads(text), color=use_color(sys.stdout)))
             return 0
-        from watchdog.cli.discover import open_runs
-
-        service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS,
-                         options.client_security_of(args))
-        with open_runs() as runs:
-            sources = [Source(r.label, r.address) for r in runs]
-            if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
-                sources.append(service)
-            answers, notes = asyncio.run(ask_all(sources))
-        for note in notes:
-            print(f"watchdog status: skipped {note}", file=sys.stderr)
-        if not answers:
-            raise CoordinatorUnreachableError(
-                f"no job to show: no `watchdog run` found on this machine and no coordinator "
-                f"answered at {DEFAULT_ADDRESS}",
-                hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
+        if args.coordinator is not None:
+            answers = _shards(args.coordinator, security, query)
+        else:
+            answers = _this_machine(security, query)
         merged = merge(answers)
         if args.json:
             print(json.dumps({"jobs": [job for answer in merged for job in answer.jobs]}))
         else:
             print(render_answers(merged, use_color(sys.stdout)))
         return 0
+
+
+def _shards(addresses: Sequence[str], security: ClientSecurity,
+            query: StatusQuery) -> list[Answer]:
+    """Every coordinator named: a fleet's shards, each following its own jobs."""
+    sources = [Source(f"coordinator at {address}", address, security, query)
+               for address in addresses]
+    answers, notes = asyncio.run(ask_all(sources))
+    _say_skipped(notes)
+    if not answers:
+        raise CoordinatorUnreachableError(
+            f"no coordinator answered of {', '.join(addresses)}",
+            hint="check each --coordinator address, and that its coordinator runs")
+    return answers
+
+
+def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
+    """Every `watchdog run` on this machine and the service coordinator, where one listens."""
+    from watchdog.cli.discover import open_runs
+
+    service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS, security, query)
+    with open_runs() as runs:
+        sources = [Source(r.label, r.address, query=query) for r in runs]
+        if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
+            sources.append(service)
+        answers, notes = asyncio.run(ask_all(sources))
+    _say_skipped(notes)
+    if not answers:
+        raise CoordinatorUnreachableError(
+            f"no job to show: no `watchdog run` found on this machine and no coordinator "
+            f"answered at {DEFAULT_ADDRESS}",
+            hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
+    return answers
+
+
+def _say_skipped(notes: Sequence[str]) -> None:
+    for note in notes:
+        print(f"watchdog status: skipped {note}", file=sys.stderr)
 
 
 async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:
@@ -106,9 +142,16 @@ async def _status_text(source: Source, timeout: float = 10.0) -> str:
 
     client = CoordinatorClient(source.address, source.security)
     try:
-        return await client.status_json(timeout=timeout)
+        return await client.status_json(source.query, timeout=timeout)
     finally:
         await client.close()
+
+
+def _ranks(spec: str) -> tuple[int, ...]:
+    try:
+        return parse_ranks(spec, MAX_FULL_ROWS)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def merge(answers: Sequence[Answer]) -> list[Answer]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import re
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import TypeVar
 
 from watchdog.collectives import WAITS_FOR_PEERS
 from watchdog.model import (
@@ -59,10 +60,53 @@ _TORCH_DISTRIBUTED = re.compile(
     r"[/\\]torch[/\\]distributed[/\\](?!checkpoint[/\\]|algorithms[/\\])")
 
 
+Answer = TypeVar("Answer")
+_MEMO_SIZE = 4096
+
+
+def by_identity(read: Callable[[Sequence[Frame]], Answer]) -> Callable[[Sequence[Frame]], Answer]:
+    """`read`, asked once per stack object: the frames of ranks alike are one shared tuple
+    (the wire decodes equal stacks into one), and a verdict on 131,072 ranks asks each of them
+    the same questions. Keyed by identity (a tuple of frames hashes frame by frame, in Python),
+    each entry holding its stack so that its id is not reused; at most _MEMO_SIZE kept. Only
+    tuples are kept: a list may change after it was asked about."""
+    memo: dict[int, tuple[Sequence[Frame], Answer]] = {}
+
+    @functools.wraps(read)
+    def asked(frames: Sequence[Frame]) -> Answer:
+        if type(frames) is not tuple:
+            return read(frames)
+        kept = memo.get(id(frames))
+        if kept is not None and kept[0] is frames:
+            return kept[1]
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        answer = memo[id(frames)] = frames, read(frames)
+        return answer[1]
+
+    return asked
+
+
 def is_library_frame(frame: Frame) -> bool:
     """Installed packages, the standard library, this package's own hook wrappers, and native
     code."""
     return _is_library_file(frame.file)
+
+
+FrameKey = tuple[str, str, int | None]
+
+
+def frame_key(frame: Frame) -> FrameKey:
+    """A frame as ranks alike share it: a library frame without its line number (ranks waiting
+    in one collective sit on different lines of its polling loop), the user's own with it."""
+    return frame.function, frame.file, None if is_library_frame(frame) else frame.line
+
+
+@by_identity
+def stack_signature(frames: Sequence[Frame]) -> tuple[FrameKey, ...]:
+    # `frame_key` written out: 131,072 ranks of a dozen frames each.
+    return tuple([(f.function, f.file, None if _is_library_file(f.file) else f.line)
+                  for f in frames])
 
 
 # The stacks of 16k ranks repeat a few dozen files: a diagnosis asks about each file thousands
@@ -75,6 +119,7 @@ def _is_library_file(file: str) -> bool:
 _is_native_file = functools.lru_cache(maxsize=4096)(is_native_file)
 
 
+@by_identity
 def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
     """`frames` without the native ones that `py-spy --native` interleaves. Those differ from
     process to process (addresses) and from one look to the next (the syscall a wait is in), so
@@ -84,6 +129,7 @@ def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
     return tuple(f for f in frames if not _is_native_file(f.file))
 
 
+@by_identity
 def top_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost Python frame that is not the hook's own wrapper around a torch call."""
     frames = python_frames(frames) or frames
@@ -91,12 +137,14 @@ def top_frame(frames: Sequence[Frame]) -> Frame | None:
                 frames[0] if frames else None)
 
 
+@by_identity
 def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost Python frame of the user's own code, else the innermost frame."""
     frames = python_frames(frames) or frames
     return next((f for f in frames if not is_library_frame(f)), frames[0] if frames else None)
 
 
+@by_identity
 def collective_frame(frames: Sequence[Frame]) -> Frame | None:
     """The torch.distributed call (or DDP backward) the innermost frames sit in, if any: the
     outermost such frame, which is the one the user called (init_process_group, not the helper
@@ -106,6 +154,7 @@ def collective_frame(frames: Sequence[Frame]) -> Frame | None:
     return inside[-1] if inside else distributed_frame(frames)
 
 
+@by_identity
 def distributed_frame(frames: Sequence[Frame]) -> Frame | None:
     """The torch.distributed function the innermost Python frames sit in (the hook's wrappers
     aside), if any: the outermost of those innermost torch.distributed frames, which is the one
@@ -133,6 +182,7 @@ def _is_collective(frame: Frame) -> bool:
     return frame.function in _COLLECTIVE_FUNCTIONS or frame.file.endswith("distributed_c10d.py")
 
 
+@by_identity
 def waits_on_device(frames: Sequence[Frame]) -> bool:
     """Whether the innermost frames wait for a collective or the GPU, where NCCL and CUDA spin."""
     return any(f.function in _DEVICE_WAIT_FUNCTIONS or _is_collective(f)
@@ -253,21 +303,31 @@ def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
     return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
 
 
-def wedge_reason(rank: RankState, stopped: bool, progress: str) -> str:
+_WEDGED_STATES = frozenset({*_STOPPED_STATES, "D"})
+
+
+def may_be_wedged(rank: RankState, stack: RankStack | None) -> bool:
+    """Whether `wedge_reason` may find a reason (stopped, in D state, a stale heartbeat): a
+    test cheap enough to ask of 131,072 ranks, of which one or none is."""
+    age = rank.heartbeat_age
+    return (rank.proc_state in _WEDGED_STATES or (stack is not None and stack.was_stopped)
+            or (rank.hooked and age is not None and age > HEARTBEAT_STALE_S))
+
+
+def wedge_reason(rank: RankState, stopped: bool, progress: Callable[[], str]) -> str:
     """Why a live process cannot be making progress ('is stopped (state T)'), or '', given
-    whether it is stopped (`is_stopped`) and what shows it works (`progress_sign`). A process
-    in D state or with a stale heartbeat that shows progress (an fsync, native code working
-    while it holds the GIL) is busy, not wedged."""
+    whether it is stopped (`is_stopped`) and what shows it works (`progress_sign`, asked only
+    where it decides). A process in D state or with a stale heartbeat that shows progress (an
+    fsync, native code working while it holds the GIL) is busy, not wedged."""
     if stopped:
         return f"is stopped (state {rank.proc_state or 'T'})"
-    if progress:
-        return ""
-    if rank.alive and rank.proc_state == "D":
-        return "is in uninterruptible sleep (state D)"
+    reason = ""
     age = rank.heartbeat_age
-    if rank.alive and rank.hooked and age is not None and age > HEARTBEAT_STALE_S:
-        return f"is alive but ran no Python for {age:.0f} s (native code holds the GIL?)"
-    return ""
+    if rank.alive and rank.proc_state == "D":
+        reason = "is in uninterruptible sleep (state D)"
+    elif rank.alive and rank.hooked and age is not None and age > HEARTBEAT_STALE_S:
+        reason = f"is alive but ran no Python for {age:.0f} s (native code holds the GIL?)"
+    return "" if not reason or progress() else reason
 
 
 def waits_in_collective(rank: RankState, stack: RankStack | None,
@@ -289,15 +349,9 @@ def waits_in_collective(rank: RankState, stack: RankStack | None,
     return stack is not None and collective_frame(stack.frames) is not None
 
 
-def furthest_entered(ranks: Iterable[RankState]) -> dict[str, int]:
+def furthest_entered(snapshot: JobSnapshot) -> Mapping[str, int]:
     """Per group, the furthest collective any live rank entered."""
-    furthest: dict[str, int] = {}
-    for rank in ranks:
-        if rank.alive:
-            for progress in rank.groups:
-                if progress.entered_seq > furthest.get(progress.group, 0):
-                    furthest[progress.group] = progress.entered_seq
-    return furthest
+    return _groups(snapshot).furthest
 
 
 def in_open_phase(rank: RankState) -> bool:
@@ -331,13 +385,39 @@ def awaited_collective(
 def group_members(snapshot: JobSnapshot, group: str) -> tuple[int, ...]:
     """The ranks the group's members list, and every rank that has the group itself: a beacon
     lists only the first MAX_LISTED_RANKS members of a group."""
-    declared: set[int] = set()
-    having: set[int] = set()
-    for rank in snapshot.ranks:
-        progress = rank.group(group)
-        if progress is not None:
-            having.add(rank.rank)
-            declared.update(progress.ranks)
-    if not declared and group == WORLD_GROUP:
-        return tuple(range(snapshot.world_size))
-    return tuple(sorted(declared | having))
+    groups = _groups(snapshot)
+    members = groups.members.get(group)
+    if members is None:
+        declared = groups.declared.get(group, set())
+        if not declared and group == WORLD_GROUP:
+            members = tuple(range(snapshot.world_size))
+        else:
+            members = tuple(sorted(declared.union(groups.having.get(group, ()))))
+        groups.members[group] = members
+    return members
+
+
+@dataclass
+class _Groups:
+    """What the ranks of one snapshot say of their process groups, read in one pass."""
+
+    furthest: dict[str, int]  # the furthest collective a live rank entered
+    having: dict[str, list[int]]  # the ranks that report the group
+    declared: dict[str, set[int]]  # the members they list
+    members: dict[str, tuple[int, ...]]  # `group_members`, once asked
+
+
+def _groups(snapshot: JobSnapshot) -> _Groups:
+    made: _Groups | None = snapshot.derived.get("groups")
+    if made is None:
+        made = snapshot.derived["groups"] = _Groups({}, {}, {}, {})
+        for rank in snapshot.ranks:
+            alive = rank.alive
+            for progress in rank.groups:
+                name = progress.group
+                made.having.setdefault(name, []).append(rank.rank)
+                if progress.ranks:
+                    made.declared.setdefault(name, set()).update(progress.ranks)
+                if alive and progress.entered_seq > made.furthest.get(name, 0):
+                    made.furthest[name] = progress.entered_seq
+    return made

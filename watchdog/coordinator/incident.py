@@ -1,18 +1,20 @@
 """The incident record: the JSON docs/design.md specifies, built from a snapshot and its verdict
-(runs in the coordinator). `rank_rows` also feeds `watchdog status --json`.
+(runs in the coordinator). `rank_table` also feeds `watchdog status --json`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from watchdog.coordinator.alike import ranges
 from watchdog.coordinator.evidence import (
+    FrameKey,
     dead_worker,
     finished_cleanly,
     frame_site,
-    is_library_frame,
     python_frames,
+    stack_signature,
     top_frame,
 )
 from watchdog.coordinator.findings import Finding
@@ -20,9 +22,12 @@ from watchdog.coordinator.view import RankEvidence, rank_evidence
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (
     DATALOADER_WORKER,
+    FULL_ROWS,
+    MAX_FULL_ROWS,
     ChildStack,
     ExitReason,
     Frame,
+    GroupProgress,
     JobSnapshot,
     Kind,
     RankStack,
@@ -64,7 +69,7 @@ def build_incident(
             "fix": verdict.advice.fix,
         },
         "attempt": max((r.attempt for r in snapshot.ranks), default=0),
-        "ranks": rank_rows(snapshot),
+        **rank_table(snapshot, verdict.culprit_ranks),
         "stack_groups": stack_groups(snapshot.stacks),
     }
     if verdict.kind == Kind.NODE_UNREACHABLE:
@@ -86,16 +91,87 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
         "culprit_ranks": list(finding.culprit_ranks),
         "waiting_ranks": [],
         "collective": None,
-        "ranks": rank_rows(snapshot),
+        **rank_table(snapshot, finding.culprit_ranks),
         "stack_groups": [],
         "finding": {"key": finding.key, "step": finding.step, "cause": finding.cause,
                     "fix": finding.fix},
     }
 
 
-def rank_rows(snapshot: JobSnapshot) -> list[dict[str, Any]]:
-    """The per-rank objects of an incident and of `watchdog status --json`, by rank."""
-    return [_rank_row(snapshot, seen) for seen in rank_evidence(snapshot).values()]
+def rank_table(snapshot: JobSnapshot, culprits: Collection[int] = (),
+               wanted: Collection[int] = ()) -> dict[str, Any]:
+    """`ranks` and `rank_groups`, of an incident and of `watchdog status --json`. Up to
+    FULL_ROWS ranks, every rank in full, by rank. Above, culprits, the ranks `wanted` (a reader
+    asked) and ranks with evidence of their own (logs, children, an exit's reason) in full, up
+    to MAX_FULL_ROWS, and each other rank in the group of those alike (`alike`), fewest first."""
+    seen = rank_evidence(snapshot)
+    if len(seen) <= FULL_ROWS:
+        return {"ranks": [_rank_row(snapshot, s) for s in seen.values()], "rank_groups": []}
+    numbers = _Numbers()
+    likeness = {rank: _likeness(snapshot, evidence, numbers) for rank, evidence in seen.items()}
+    blamed = set(culprits).union(wanted)
+    own = [r for r in seen if r in blamed] + [r for r in seen if r not in blamed
+                                                   and likeness[r] is None]
+    full = sorted(own[:MAX_FULL_ROWS])
+    listed = set(full)
+    alike: dict[tuple[Any, ...], list[RankEvidence]] = {}
+    for rank, evidence in seen.items():
+        if rank not in listed:  # a rank of its own past MAX_FULL_ROWS: a group of one
+            alike.setdefault(likeness[rank] or (rank,), []).append(evidence)
+    groups = sorted(alike.values(), key=lambda members: (len(members), members[0].state.rank))
+    return {"ranks": [_rank_row(snapshot, seen[r]) for r in full],
+            "rank_groups": [_group(snapshot, members) for members in groups]}
+
+
+class _Numbers:
+    """Stacks numbered by their `stack_signature`, equal ones alike. Ranks alike share one
+    tuple of frames (see `wire._shared_frames`): each is read once, and a rank's likeness
+    holds a number, not a stack to hash."""
+
+    def __init__(self) -> None:
+        self._by_object: dict[int, tuple[Sequence[Frame], int]] = {}
+        self._by_value: dict[tuple[FrameKey, ...], int] = {}
+
+    def of(self, frames: Sequence[Frame]) -> int:
+        known = self._by_object.get(id(frames))
+        if known is not None and known[0] is frames:
+            return known[1]
+        signature = stack_signature(python_frames(frames))
+        number = self._by_value.setdefault(signature, len(self._by_value))
+        self._by_object[id(frames)] = frames, number
+        return number
+
+
+def _likeness(snapshot: JobSnapshot, seen: RankEvidence,
+              numbers: _Numbers) -> tuple[Any, ...] | None:
+    """What ranks alike share (state, step, last collective, set-up, phase, exit code, stack);
+    None for a rank with evidence of its own, which a group would lose."""
+    rank, stack = seen.state, seen.stack
+    if rank.exit_reason is not None or (stack is not None and (
+            stack.nccl_log or stack.worker_log or stack.children)):
+        return None
+    last = _last_entered(rank)
+    return (_rank_state(snapshot, seen), rank.steps, None if last is None else (
+        last.group, last.entered_seq, last.entered_op, last.pending), rank.setup, rank.phase,
+        rank.exit_code, numbers.of(seen.frames))
+
+
+def _group(snapshot: JobSnapshot, members: Sequence[RankEvidence]) -> dict[str, Any]:
+    """Ranks alike: their ranges and what they share, as the first of them shows it."""
+    first = members[0]
+    rank = first.state
+    return {
+        "ranks": ranges(m.state.rank for m in members),
+        "count": len(members),
+        "state": _rank_state(snapshot, first),
+        "step": rank.steps,
+        "last_collective": _last_collective(rank),
+        "setup": rank.setup or None,
+        "phase": rank.phase,
+        "exit_code": rank.exit_code,
+        "stack": _frames_json(first.frames),
+        "hosts": len({m.state.host for m in members}),
+    }
 
 
 def _rank_state(snapshot: JobSnapshot, seen: RankEvidence) -> RankStatus:
@@ -118,15 +194,12 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
     Library frames are compared without their line numbers: ranks waiting in one collective may
     sit on different lines of its polling loop. The user's own lines must match.
     """
-    groups: dict[tuple[tuple[str, str, int | None], ...], list[RankStack]] = {}
+    groups: dict[int, list[RankStack]] = {}
+    numbers = _Numbers()
     for rank in sorted(stacks):
         stack = stacks[rank]
         if stack.frames:
-            signature = tuple(
-                (f.function, f.file, None if is_library_frame(f) else f.line)
-                for f in python_frames(stack.frames)
-            )
-            groups.setdefault(signature, []).append(stack)
+            groups.setdefault(numbers.of(stack.frames), []).append(stack)
     ordered = sorted(groups.values(), key=lambda members: (len(members), members[0].rank))
     return [
         {"ranks": [s.rank for s in members], "top": _frame_text(members[0])} for members in ordered
@@ -212,10 +285,17 @@ def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:
     return [finding.to_json() for finding in explain_lines(lines)] if lines else []
 
 
+def _last_entered(rank: RankState) -> GroupProgress | None:
+    groups = rank.groups
+    if len(groups) <= 1:  # most ranks of a large job: the world group alone
+        return groups[0] if groups else None
+    return max(groups, key=lambda progress: progress.entered_at)
+
+
 def _last_collective(rank: RankState) -> dict[str, Any] | None:
-    if not rank.groups:
+    last = _last_entered(rank)
+    if last is None:
         return None
-    last = max(rank.groups, key=lambda progress: progress.entered_at)
     return {
         "group": last.group,
         "seq": last.entered_seq,

@@ -9,7 +9,16 @@ from typing import Any
 from watchdog.coordinator.evidence import in_open_phase, progress_sign, python_frames
 from watchdog.coordinator.findings import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
-from watchdog.model import Frame, JobSnapshot, JobState, Kind, RankStack, RankState, Severity
+from watchdog.model import (
+    Frame,
+    GroupProgress,
+    JobSnapshot,
+    JobState,
+    Kind,
+    RankStack,
+    RankState,
+    Severity,
+)
 
 WARM_EVENTS = 8
 MAX_DUPLICATES = 1024
@@ -23,6 +32,16 @@ PHASE_LOOK_EVERY_S = 1.0
 
 def is_hang(incident: Mapping[str, Any]) -> bool:
     return bool(incident.get("severity", Severity.HANG) == Severity.HANG)
+
+
+_NO_PART = (0, False, False, False, False)
+
+
+def _any_pending(groups: tuple[GroupProgress, ...]) -> bool:
+    for progress in groups:  # noqa: SIM110 (a generator per rank, 131,072 ranks a second)
+        if progress.pending:
+            return True
+    return False
 
 
 @dataclass
@@ -59,8 +78,9 @@ class JobView:
         self._events = 0
         self._hooked = 0
         self._exited = 0
-        self._warming = 0  # hooked ranks that finished no step yet
-        self._waiting = 0  # live ranks inside a collective or a set-up call, by their hooks
+        self._warming = 0
+        self._waiting = 0
+        self._parts: dict[int, tuple[int, bool, bool, bool, bool]] = {}  # each rank's, by `_count`
         self._in_phase: set[int] = set()
         # rank -> the live processes (host, pid) that claimed it besides the one followed: a
         # duplicate RANK (the rendezvous then never completes)
@@ -80,15 +100,13 @@ class JobView:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
         second live process claiming a rank is noted, not followed."""
         previous = self.ranks.get(state.rank)
-        if previous is not None and previous.alive and (previous.host, previous.pid) != (
-                state.host, state.pid):
+        if previous is not None and previous.alive and (
+                previous.pid != state.pid or previous.host != state.host):
             if state.alive and len(self.duplicates) < MAX_DUPLICATES:
                 self.duplicates.setdefault(state.rank, set()).add((state.host, state.pid))
             return
         self.duplicates.pop(state.rank, None)
-        if previous is not None:
-            self._count(previous, -1)
-        self._count(state, 1)
+        self._count(state)
         self.world_size = max(self.world_size, state.world_size)
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
@@ -112,19 +130,23 @@ class JobView:
             self._pace = max(self._paces.values())
         return self._pace
 
-    def _count(self, state: RankState, sign: int) -> None:
-        self._events += sign * state.events
-        self._hooked += sign * state.hooked
-        self._exited += sign * (not state.alive)
-        self._warming += sign * (state.hooked and state.steps == 0
-                                 and state.events < WARM_EVENTS)
-        self._waiting += sign * (state.alive and (bool(state.setup) or any(
-            progress.pending for progress in state.groups)))
-        if state.phase and state.alive:
-            if sign > 0:
-                self._in_phase.add(state.rank)
-            else:
-                self._in_phase.discard(state.rank)
+    def _count(self, state: RankState) -> None:
+        """Put the rank's part in the running totals, in place of its previous state's."""
+        alive, hooked = state.exited_at is None, state.hooked
+        part = (state.events, hooked, not alive,
+                hooked and state.steps == 0 and state.events < WARM_EVENTS,
+                alive and (bool(state.setup) or _any_pending(state.groups)))
+        old = self._parts.get(state.rank, _NO_PART)
+        self._parts[state.rank] = part
+        self._events += part[0] - old[0]
+        self._hooked += part[1] - old[1]
+        self._exited += part[2] - old[2]
+        self._warming += part[3] - old[3]  # hooked ranks that finished no step yet
+        self._waiting += part[4] - old[4]  # live ranks in a collective or set-up, by their hooks
+        if state.phase and alive:
+            self._in_phase.add(state.rank)
+        else:
+            self._in_phase.discard(state.rank)
 
     def events_total(self) -> int:
         """Everything the job did, a rank starting included: start-up is progress."""

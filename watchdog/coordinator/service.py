@@ -20,14 +20,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
+from watchdog.coordinator.collection import sparing_full_collections
 from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
 from watchdog.coordinator.hearing import Hearing
-from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_rows
+from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView, is_hang
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
@@ -42,6 +43,7 @@ from watchdog.model import (
     Kind,
     NodeReport,
     Severity,
+    StatusQuery,
     Verdict,
 )
 from watchdog.text import printable
@@ -113,10 +115,10 @@ class Coordinator:
         if job is not None:
             job.let_go = True
 
-    def status_json(self, job_id: str) -> str:
+    def status_json(self, query: StatusQuery) -> str:
         now = time.time()
-        jobs = [self.job_status(job, now) for job in self.jobs.values()
-                if not job_id or job.job_id == job_id]
+        jobs = [self.job_status(job, now, query.ranks) for job in self.jobs.values()
+                if not query.job_id or job.job_id == query.job_id]
         return json.dumps({"jobs": jobs})
 
     # -- state --
@@ -125,9 +127,11 @@ class Coordinator:
         self.hearing.heard(report.node, now)
         metrics.REPORTS.inc()
         flagged: set[str] = set()
+        job: JobView | None = None
         for state in report.ranks:
-            job = self.jobs.get(state.job_id) or self._new_job(state.job_id, state.world_size)
-            self._job_seen[job.job_id] = now
+            if job is None or job.job_id != state.job_id:  # a node's ranks are mostly one job's
+                job = self.jobs.get(state.job_id) or self._new_job(state.job_id, state.world_size)
+                self._job_seen[job.job_id] = now
             if self.admission.admit(job, report.node, state, now):
                 job.update(report.node, state, now)
             else:
@@ -162,11 +166,15 @@ class Coordinator:
             if self.sessions.session_of(node) is None:
                 self.hearing.forget(node)
 
-    def job_status(self, job: JobView, now: float) -> dict[str, Any]:
+    def job_status(self, job: JobView, now: float, wanted: Collection[int] = ()) -> dict[str, Any]:
+        """A job as `watchdog status --json` gives it; a large one's ranks grouped, but for its
+        culprits and the ranks `wanted`."""
         verdict = job.incident if job.incident_open or job.done else None
         return {"job_id": job.job_id, "state": job.state(now), "world_size": job.world_size,
                 "nodes": sorted(set(job.nodes.values())),
-                "ranks": rank_rows(job.snapshot(now)), "verdict": verdict,
+                **rank_table(job.snapshot(now), verdict["culprit_ranks"] if verdict else (),
+                             wanted),
+                "verdict": verdict,
                 "findings": list(job.findings.incidents),
                 "flagged": self.admission.to_json(job.job_id)}
 
@@ -174,6 +182,11 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Evaluate every job each tick until `stop`; no error ends this loop."""
         retries = asyncio.create_task(self.saver.retry_until(stop))
+        with sparing_full_collections():
+            await self._loop(stop)
+        await retries
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             now = time.time()
@@ -190,7 +203,6 @@ class Coordinator:
                 log.exception("evaluation failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.tick)
-        await retries
 
     def _unreachable(self, job: JobView, now: float) -> tuple[str, ...] | None:
         """The job's unreachable nodes, or None while one is silent but not yet unreachable."""

@@ -8,8 +8,10 @@ already names a rank idle while its peers wait (`early_verdict_stands`).
 
 from __future__ import annotations
 
-from watchdog.coordinator.evidence import python_frames
-from watchdog.model import JobSnapshot, Kind, RankStack, RankState, Verdict
+from collections.abc import Sequence
+
+from watchdog.coordinator.evidence import by_identity, python_frames
+from watchdog.model import Frame, JobSnapshot, Kind, RankStack, RankState, Verdict
 
 SETUP_CALLS = ("init_process_group", "new_group")
 STORE_CONNECT = frozenset({"_create_c10d_store", "TCPStore"})  # the rendezvous's client connect
@@ -21,8 +23,12 @@ def setup_call(rank: RankState, stack: RankStack | None) -> str:
     outermost such call among the innermost frames of its stack."""
     if rank.setup:
         return rank.setup
-    frames = python_frames(stack.frames)[:_SETUP_DEPTH] if stack is not None else ()
-    calls = [frame.function for frame in frames if frame.function in SETUP_CALLS]
+    return _setup_in(stack.frames) if stack is not None else ""
+
+
+@by_identity
+def _setup_in(frames: Sequence[Frame]) -> str:
+    calls = [f.function for f in python_frames(frames)[:_SETUP_DEPTH] if f.function in SETUP_CALLS]
     return calls[-1] if calls else ""
 
 

@@ -5,9 +5,10 @@ stalled job each group's frontier. The verdict's rules and the incident's table 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from operator import attrgetter
+from typing import Any, Generic, TypeVar, overload
 
 from watchdog.coordinator.evidence import (
     collective_frame,
@@ -16,6 +17,7 @@ from watchdog.coordinator.evidence import (
     in_open_phase,
     is_stopped,
     latest_pending,
+    may_be_wedged,
     progress_sign,
     stuck_frame,
     waits_in_collective,
@@ -31,39 +33,62 @@ from watchdog.model import (
     RankState,
 )
 
+T = TypeVar("T")
+Place = tuple[str, int, str]  # a collective as (group, seq, op)
 
-@dataclass(frozen=True)
+
+class cached_property(Generic[T]):
+    """functools.cached_property without its lock: Python 3.11's takes one on each first use,
+    which a verdict on 131,072 ranks pays hundreds of thousands of times. The coordinator asks
+    from one thread."""
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self._compute = compute
+        self._name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> cached_property[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type[Any]) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type[Any]) -> T | cached_property[T]:
+        if instance is None:
+            return self
+        # Kept in the instance's __dict__, which then answers before this descriptor does.
+        value: T = instance.__dict__.setdefault(self._name, self._compute(instance))
+        return value
+
+
 class RankEvidence:
-    """What one rank's state and stacks say at one snapshot. Each answer is computed on first
-    use and kept: a verdict asks the same rank the same questions from several rules."""
+    """What one rank's state and stacks say at one snapshot. What every verdict asks of every
+    rank (stopped? wedged? waiting? in a set-up call?) is answered at once; the rest on first
+    use, and kept: a verdict asks the same rank the same questions from several rules."""
 
-    state: RankState
-    stack: RankStack | None
-    stalled_for: float  # the job's, for the activity rates that count (see `progress_sign`)
-    furthest: Mapping[str, int]  # per group, the furthest collective entered (`furthest_entered`)
+    def __init__(self, state: RankState, stack: RankStack | None, stalled_for: float,
+                 furthest: Mapping[str, int]) -> None:
+        self.state = state
+        self.stack = stack
+        self.stalled_for = stalled_for  # the job's, for the rates that count (`progress_sign`)
+        self.furthest = furthest  # per group, the furthest collective entered (`furthest_entered`)
+        self.stopped = is_stopped(state, stack)
+        # Why it cannot be making progress (see `wedge_reason`), or ''.
+        self.wedged = wedge_reason(state, self.stopped, lambda: self.progress) if (
+            may_be_wedged(state, stack)) else ""
+        # Whether it waits in a collective (see `waits_in_collective`).
+        self.waiting = waits_in_collective(state, stack, furthest)
+        # The set-up call it waits in, or '' (see `startup.setup_call`).
+        self.setup = setup_call(state, stack)
 
     @property
     def frames(self) -> Sequence[Frame]:
         return self.stack.frames if self.stack is not None else ()
 
     @cached_property
-    def stopped(self) -> bool:
-        return is_stopped(self.state, self.stack)
-
-    @cached_property
     def progress(self) -> str:
         """What shows that the rank works (see `progress_sign`), or ''."""
         return progress_sign(self.state, self.stack, self.stalled_for)
-
-    @cached_property
-    def wedged(self) -> str:
-        """Why it cannot be making progress (see `wedge_reason`), or ''."""
-        return wedge_reason(self.state, self.stopped, self.progress)
-
-    @cached_property
-    def waiting(self) -> bool:
-        """Whether it waits in a collective (see `waits_in_collective`)."""
-        return waits_in_collective(self.state, self.stack, self.furthest)
 
     @cached_property
     def stack_waiting(self) -> bool | None:
@@ -89,18 +114,17 @@ class RankEvidence:
         """Where it waits by its hook (see `latest_pending`)."""
         return latest_pending(self.state)
 
-    @cached_property
-    def setup(self) -> str:
-        """The set-up call it waits in, or '' (see `startup.setup_call`)."""
-        return setup_call(self.state, self.stack)
-
 
 def rank_evidence(snapshot: JobSnapshot) -> dict[int, RankEvidence]:
-    """Every rank's record, by rank."""
-    furthest = furthest_entered(snapshot.ranks)
-    return {rank.rank: RankEvidence(rank, snapshot.stacks.get(rank.rank), snapshot.stalled_for,
-                                    furthest)
-            for rank in sorted(snapshot.ranks, key=lambda r: r.rank)}
+    """Every rank's record, by rank: made once per snapshot."""
+    made: dict[int, RankEvidence] | None = snapshot.derived.get("rank_evidence")
+    if made is None:
+        furthest = furthest_entered(snapshot)
+        stacks, stalled_for = snapshot.stacks, snapshot.stalled_for
+        made = snapshot.derived["rank_evidence"] = {
+            rank.rank: RankEvidence(rank, stacks.get(rank.rank), stalled_for, furthest)
+            for rank in sorted(snapshot.ranks, key=attrgetter("rank"))}
+    return made
 
 
 @dataclass(frozen=True)
@@ -181,11 +205,19 @@ class StallView:
         )
 
     def waiting_in(self, rank: int) -> CollectiveRef | None:
+        place = self.place_of(rank)
+        return None if place is None else self.ref_at(place)
+
+    def place_of(self, rank: int) -> Place | None:
+        """Where it waits by its hook, as (group, seq, op): ranks are sorted by place with this,
+        not with a CollectiveRef, whose hash walks every member of the group."""
         progress = self.alive[rank].pending
-        if progress is None:
-            return None
-        members = self.members[progress.group]
-        return CollectiveRef(progress.group, members, progress.entered_seq, progress.entered_op)
+        return None if progress is None else (progress.group, progress.entered_seq,
+                                              progress.entered_op)
+
+    def ref_at(self, place: Place) -> CollectiveRef:
+        group, seq, op = place
+        return CollectiveRef(group, self.members[group], seq, op)
 
 
 def _frontier(alive: Mapping[int, RankEvidence], name: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from watchdog.coordinator.evidence import child_name, collective_frame, frame_site, stuck_child
-from watchdog.coordinator.view import StallView
+from watchdog.coordinator.view import Place, StallView
 from watchdog.model import DDP_INIT_OP, WORLD_GROUP, CollectiveRef
 from watchdog.text import clock, ranks_text
 
@@ -46,10 +46,11 @@ def culprits_text(job: StallView, ranks: Sequence[int]) -> str:
 
 def waiters_text(job: StallView, ranks: Iterable[int]) -> str:
     """'ranks 0,2,3 wait in all_reduce #58 on group 0 (world) since 12:00:03; rank 1 waits ...'"""
-    places: dict[CollectiveRef | None, list[int]] = {}
+    places: dict[Place | None, list[int]] = {}
     for rank in ranks:
-        places.setdefault(job.waiting_in(rank), []).append(rank)
-    return "; ".join(_wait_text(job, place, waiters) for place, waiters in places.items())
+        places.setdefault(job.place_of(rank), []).append(rank)
+    return "; ".join(_wait_text(job, None if place is None else job.ref_at(place), waiters)
+                     for place, waiters in places.items())
 
 
 def _wait_text(job: StallView, place: CollectiveRef | None, ranks: list[int]) -> str:

@@ -11,8 +11,9 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog.coordinator.evidence import stack_signature
 from watchdog.model import Frame
-from watchdog.report.stacks import frames_of, stack_signature
+from watchdog.report.stacks import frames_of
 from watchdog.text import ranks_text
 
 Row = Mapping[str, Any]

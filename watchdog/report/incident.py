@@ -16,6 +16,7 @@ from typing import Any
 from watchdog import __version__
 from watchdog.atomic import write_atomically
 from watchdog.coordinator.evidence import frame_site, stuck_frame
+from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import RankGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge
 from watchdog.report.stacks import frames_of, render_tree
@@ -43,9 +44,10 @@ def incident_sections(incident: Incident) -> list[str]:
             and isinstance(r.get("rank"), int)]
     culprits = {r for r in incident.get("culprit_ranks") or () if isinstance(r, int)}
     groups = group_ranks(rows, culprits)
+    alike = alike_groups(incident)
     detected = float(incident.get("detected_at") or time.time())
     return [
-        verdict_html(incident, len(rows)),
+        verdict_html(incident, len(rows) + sum(g["count"] for g in alike)),
         "<h2>Where each rank is</h2>",
         render_timeline(lanes_of(groups), detected),
         _timeline_legend(),
@@ -54,6 +56,7 @@ def incident_sections(incident: Incident) -> list[str]:
                     without=[int(r["rank"]) for r in rows if not frames_of(r)]),
         "<h2>Ranks</h2>",
         group_table(groups),
+        alike_table(alike),
         rank_table(rows, culprits),
         *culprit_sections(rows, culprits),
         findings_html(rows),
@@ -105,6 +108,39 @@ def group_table(groups: Sequence[RankGroup]) -> str:
             f"{esc(collective_text(row.get('last_collective')))}</td>"
             f"<td class=\"mono\">{esc(where)}</td><td>{_age(age)}</td></tr>")
     return head + "".join(body) + "</table>"
+
+
+def alike_groups(table: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A large job's `rank_groups` (of an incident or a status job) that are well formed."""
+    return [g for g in table.get("rank_groups") or () if isinstance(g, Mapping)
+            and isinstance(g.get("count"), int) and isinstance(g.get("ranks"), list)]
+
+
+def alike_table(groups: Sequence[Mapping[str, Any]],
+                listed: Callable[[int, int], str] | None = None) -> str:
+    """A large job's other ranks: one row per group of ranks alike, as ranges; `listed`: the
+    address of a page listing ranks first..last in full, to link each group's first ranks to."""
+    if not groups:
+        return ""
+    body = []
+    for group in groups:
+        frame = stuck_frame(frames_of(group))
+        pairs = [(r[0], r[1]) for r in group["ranks"] if isinstance(r, list) and len(r) == 2
+                 and all(isinstance(end, int) for end in r)]
+        runs = esc(",".join(f"{a}-{b}" if b != a else f"{a}" for a, b in pairs))
+        if listed is not None and pairs:
+            first, last = pairs[0]
+            href = listed(first, min(last, first + MAX_FULL_ROWS - 1))
+            runs = f'<a href="{esc(href)}">{runs}</a>'
+        body.append(
+            f"<tr><td class=\"mono\">{runs} ({esc(group['count'])})</td>"
+            f"<td>{esc(group.get('hosts', '?'))}</td><td>{state_badge(group.get('state', '?'))}"
+            f"</td><td>{esc(group.get('step', '-'))}</td><td class=\"mono\">"
+            f"{esc(collective_text(group.get('last_collective')))}</td><td class=\"mono\">"
+            f"{esc(f'{frame.function} ({frame_site(frame)})' if frame else '-')}</td></tr>")
+    return ("<p>The other ranks, alike in state, step, last collective and stack:</p>"
+            "<table class=\"groups\"><tr><th>ranks</th><th>hosts</th><th>state</th><th>step"
+            "</th><th>last collective</th><th>where</th></tr>" + "".join(body) + "</table>")
 
 
 def rank_table(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> str:

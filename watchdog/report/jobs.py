@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import group_ranks
-from watchdog.report.incident import group_table, verdict_html
+from watchdog.report.incident import alike_groups, alike_table, group_table, verdict_html
 from watchdog.report.page import STATE_COLORS, document, esc, state_badge, state_color
 from watchdog.report.timeline import lanes_of, render_timeline
 from watchdog.text import clock, ranks_text
@@ -48,8 +49,10 @@ def jobs_page(status: Mapping[str, Any], incidents: Sequence[Mapping[str, Any]])
     return document("torch-hang-watchdog: jobs", parts, refresh_s=REFRESH_S)
 
 
-def job_page(job: Mapping[str, Any]) -> str:
-    """A job's state, its current verdict, its ranks as a grid coloured by state."""
+def job_page(job: Mapping[str, Any], asked: str = "") -> str:
+    """A job's state, its current verdict, its ranks as a grid coloured by state. A large job's
+    other ranks come as groups of ranks alike, each linked to a page that lists its first ranks
+    in full; `asked`: the ranks this page was asked to list in full (a form asks for more)."""
     verdict = job.get("verdict")
     rows = _with_stacks([r for r in job.get("ranks") or () if isinstance(r, Mapping)
                          and isinstance(r.get("rank"), int)], verdict)
@@ -60,8 +63,9 @@ def job_page(job: Mapping[str, Any]) -> str:
              f"<p class=\"muted\">world size {esc(job.get('world_size', '?'))} · nodes "
              f"{esc(', '.join(map(str, job.get('nodes') or ())) or '-')} · as of "
              f"{esc(clock(time.time()))}</p>"]
+    alike = alike_groups(job)
     if isinstance(verdict, Mapping):
-        parts.append(verdict_html(verdict, len(rows)))
+        parts.append(verdict_html(verdict, len(rows) + sum(g["count"] for g in alike)))
         if verdict.get("id"):
             parts.append(f'<p><a href="{esc(incident_href(str(verdict["id"])))}">the whole '
                          "incident: timeline, merged stacks, evidence</a></p>")
@@ -71,8 +75,17 @@ def job_page(job: Mapping[str, Any]) -> str:
     parts += ["<h2>Ranks at a glance</h2>", rank_grid(rows, culprits)]
     groups = group_ranks(rows, culprits)
     parts += ["<h2>Where each rank is</h2>", render_timeline(lanes_of(groups), time.time(), "now"),
-              "<h2>Ranks, grouped</h2>", group_table(groups)]
+              "<h2>Ranks, grouped</h2>", group_table(groups),
+              alike_table(alike, lambda first, last: f"{job_href(job_id)}?ranks={first}-{last}")]
+    if alike or asked:
+        parts.append(_ranks_form(asked))
     return document(f"job {job_id}", parts, refresh_s=REFRESH_S)
+
+
+def _ranks_form(asked: str) -> str:
+    return ('<form method="get"><label>list these ranks in full (at most '
+            f'{MAX_FULL_ROWS}): <input name="ranks" value="{esc(asked)}" '
+            'placeholder="90000-90100,5"></label> <button>list</button></form>')
 
 
 def rank_grid(rows: Sequence[Mapping[str, Any]], culprits: set[int]) -> str:

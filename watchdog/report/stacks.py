@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from watchdog.coordinator.evidence import is_library_frame, python_frames
+from watchdog.coordinator.evidence import FrameKey, frame_key, python_frames
 from watchdog.model import Frame
 from watchdog.report.page import esc
 from watchdog.text import ranks_text
 
-FrameKey = tuple[str, str, int | None]
 MAX_BRANCHES = 24  # sides shown at one split; the rest are summed up in one line
 MAX_DEPTH = 48  # nested splits shown; deeper ones are summed up
 SHOWN_FRAMES = 8  # a longer run of frames shows its ends and folds its middle
@@ -38,14 +37,6 @@ def frames_of(row: Mapping[str, Any]) -> tuple[Frame, ...]:
     frames = tuple(Frame(str(f.get("function", "?")), str(f.get("file", "?")), _line(f))
                    for f in row.get("stack") or () if isinstance(f, Mapping))
     return tuple(python_frames(frames))
-
-
-def frame_key(frame: Frame) -> FrameKey:
-    return frame.function, frame.file, None if is_library_frame(frame) else frame.line
-
-
-def stack_signature(frames: Sequence[Frame]) -> tuple[FrameKey, ...]:
-    return tuple(map(frame_key, frames))
 
 
 def merge_stacks(stacks: Mapping[int, Sequence[Frame]]) -> StackNode:

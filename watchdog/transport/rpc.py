@@ -24,7 +24,7 @@ from watchdog.errors import (
     MessageRejectedError,
     UsageError,
 )
-from watchdog.model import NodeReport, StackReply, StackRequest
+from watchdog.model import EVERY_JOB, NodeReport, StackReply, StackRequest, StatusQuery
 from watchdog.transport import wire as _wire
 from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, is_loopback
 from watchdog.transport.health import Health, OpenHealth
@@ -72,7 +72,7 @@ class CoordinatorHandler(Protocol):
 
     def on_message(self, session: AgentSession, message: AgentMessage) -> None: ...
 
-    def status_json(self, job_id: str) -> str: ...
+    def status_json(self, query: StatusQuery) -> str: ...
 
 
 class _Servicer(pb_grpc.CoordinatorServicer):
@@ -111,10 +111,10 @@ class _Servicer(pb_grpc.CoordinatorServicer):
         context: grpc.aio.ServicerContext[pb.StatusRequest, pb.StatusReply],
     ) -> pb.StatusReply:
         try:
-            job_id = _wire.status_request_from_pb(request)
+            query = _wire.status_request_from_pb(request)
         except MessageRejectedError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return _wire.status_reply_to_pb(self._handler.status_json(job_id))
+        return _wire.status_reply_to_pb(self._handler.status_json(query))
 
 
 class _RejectUnparsable(grpc.aio.ServerInterceptor):
@@ -223,9 +223,10 @@ class CoordinatorClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def status_json(self, job_id: str = "", timeout: float = 10.0) -> str:
+    async def status_json(self, query: StatusQuery = EVERY_JOB,
+                          timeout: float = 10.0) -> str:
         try:
-            reply = await self._stub.Status(_wire.status_request_to_pb(job_id), timeout=timeout,
+            reply = await self._stub.Status(_wire.status_request_to_pb(query), timeout=timeout,
                                             metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() in REFUSED_CODES:

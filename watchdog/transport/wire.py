@@ -24,6 +24,7 @@ from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     CHECK_KINDS,
     DATALOADER_WORKER,
+    MAX_FULL_ROWS,
     NO_ACTIVITY,
     NO_EVIDENCE,
     NO_PACE,
@@ -40,9 +41,10 @@ from watchdog.model import (
     RankState,
     StackReply,
     StackRequest,
+    StatusQuery,
     bounded_frames,
 )
-from watchdog.text import MAX_TEXT, bounded, printable
+from watchdog.text import MAX_TEXT, bounded, parse_ranks, printable
 from watchdog.transport.proto import watchdog_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -124,9 +126,11 @@ def group_to_pb(g: GroupProgress) -> pb.GroupProgress:
 
 
 def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
-    group, op = _texts(m.group, m.entered_op)
-    entered_at, ranks = m.entered_at, tuple(m.ranks)
-    _check_times(entered_at)
+    group, op, entered_at, ranks = m.group, m.entered_op, m.entered_at, tuple(m.ranks)
+    if len(group) > MAX_TEXT // 4 or len(op) > MAX_TEXT // 4:
+        group, op = _texts(group, op)
+    if not math.isfinite(entered_at):
+        raise MessageRejectedError("a time field is not a finite number")
     if ranks and (min(ranks) < 0 or max(ranks) >= MAX_RANK):
         raise MessageRejectedError(f"group {group} lists a rank out of range")
     return GroupProgress(group=group, ranks=ranks, entered_seq=m.entered_seq, entered_op=op,
@@ -165,8 +169,16 @@ def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]
         _once("frames", "an agent sent a stack of %d frames: the innermost %d kept", len(frames),
               limit - 1)
     # Only the frames kept are converted: a deep stack costs no more than a bounded one.
-    return bounded_frames([Frame(f.function, f.file, f.line) for f in frames[:limit]], limit,
+    return _shared_frames(tuple([(f.function, f.file, f.line) for f in frames[:limit]]), limit,
                           len(frames))
+
+
+# Ranks alike have equal stacks: they share one tuple of frames, so that what the coordinator
+# reads from a stack it reads once per distinct stack (`evidence.by_identity`), not per rank.
+@functools.lru_cache(maxsize=4096)
+def _shared_frames(frames: tuple[tuple[str, str, int], ...], limit: int,
+                   total: int) -> tuple[Frame, ...]:
+    return bounded_frames([Frame(*frame) for frame in frames], limit, total)
 
 
 def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
@@ -391,12 +403,16 @@ def coordinator_message_from_pb(m: pb.CoordinatorMessage) -> StackRequest | None
                         samples=min(max(r.samples, 1), MAX_SAMPLES))
 
 
-def status_request_to_pb(job_id: str) -> pb.StatusRequest:
-    return pb.StatusRequest(job_id=job_id)
+def status_request_to_pb(query: StatusQuery) -> pb.StatusRequest:
+    return pb.StatusRequest(job_id=query.job_id, ranks=",".join(map(str, query.ranks)))
 
 
-def status_request_from_pb(m: pb.StatusRequest) -> str:
-    return _text(m.job_id, "job id")
+def status_request_from_pb(m: pb.StatusRequest) -> StatusQuery:
+    try:
+        ranks = parse_ranks(_text(m.ranks, "ranks"), MAX_FULL_ROWS) if m.ranks else ()
+    except ValueError as e:
+        raise MessageRejectedError(f"ranks: {e}") from None
+    return StatusQuery(_text(m.job_id, "job id"), ranks)
 
 
 def status_reply_to_pb(status_json: str) -> pb.StatusReply:

@@ -20,9 +20,11 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from watchdog.errors import UsageError
+from watchdog.model import EVERY_JOB, MAX_FULL_ROWS, StatusQuery
 from watchdog.report import error_page, incident_html, job_page, jobs_page, login_page
 from watchdog.report.jobs import nav
 from watchdog.report.page import CSP
+from watchdog.text import parse_ranks
 from watchdog.web.auth import WebAuth
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ _HEADERS = {
 class WebSource(Protocol):
     """What the pages show: the coordinator's status and its stored incidents."""
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self, query: StatusQuery = EVERY_JOB) -> dict[str, Any]: ...
 
     def incident(self, incident_id: str) -> dict[str, Any] | None: ...
 
@@ -185,11 +187,13 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, jobs_page(_status(source), source.incidents(RECENT_INCIDENTS)), {}
         if path.startswith("/jobs/"):
             job_id = path.removeprefix("/jobs/")
-            job = next((j for j in _status(source).get("jobs", ()) if j.get("job_id") == job_id),
-                       None)
+            asked = parse_qs(urlsplit(self.path).query).get("ranks", [""])[0].strip()
+            query = StatusQuery(job_id, _asked_ranks(asked))
+            job = next((j for j in _status(source, query).get("jobs", ())
+                        if j.get("job_id") == job_id), None)
             if job is None:
                 raise PageError(404, f"no job {job_id!r} reports to this coordinator")
-            return 200, job_page(job), {}
+            return 200, job_page(job, asked), {}
         if path.startswith("/incidents/"):
             incident = source.incident(path.removeprefix("/incidents/"))
             if incident is None:
@@ -219,9 +223,17 @@ class _Handler(BaseHTTPRequestHandler):
         return local_path(parse_qs(urlsplit(self.path).query).get("next", ["/"])[0])
 
 
-def _status(source: WebSource) -> dict[str, Any]:
+def _asked_ranks(spec: str) -> tuple[int, ...]:
+    """The ranks a job page was asked to list in full (?ranks=90000-90100,5)."""
     try:
-        return source.status()
+        return parse_ranks(spec, MAX_FULL_ROWS) if spec else ()
+    except ValueError as e:
+        raise PageError(400, f"ranks={spec[:80]}: {e}") from None
+
+
+def _status(source: WebSource, query: StatusQuery = EVERY_JOB) -> dict[str, Any]:
+    try:
+        return source.status(query)
     except TimeoutError:
         raise PageError(503, "the coordinator did not answer in time; try again") from None
 

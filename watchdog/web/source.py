@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from watchdog.coordinator import Coordinator, IncidentStore
+from watchdog.model import EVERY_JOB, StatusQuery
 
 STATUS_TIMEOUT_S = 10.0
 
@@ -22,9 +23,9 @@ class CoordinatorSource:
         self._loop = loop
         self._db_path = db_path
 
-    def status(self) -> dict[str, Any]:
+    def status(self, query: StatusQuery = EVERY_JOB) -> dict[str, Any]:
         """Called from a web view thread; TimeoutError when the loop is too busy to answer."""
-        future = asyncio.run_coroutine_threadsafe(self._status_json(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._status_json(query), self._loop)
         try:
             text = future.result(timeout=STATUS_TIMEOUT_S)
         except concurrent.futures.TimeoutError:  # not the builtin one before Python 3.11
@@ -33,8 +34,8 @@ class CoordinatorSource:
         status: dict[str, Any] = json.loads(text)
         return status
 
-    async def _status_json(self) -> str:
-        return self._coordinator.status_json("")
+    async def _status_json(self, query: StatusQuery) -> str:
+        return self._coordinator.status_json(query)
 
     def incident(self, incident_id: str) -> dict[str, Any] | None:
         store = IncidentStore(self._db_path)

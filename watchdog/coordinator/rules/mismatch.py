@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from watchdog.coordinator.view import StallView
+from watchdog.coordinator.view import Place, StallView
 from watchdog.coordinator.wording import culprits_text, group_text, verb, waiters_text
-from watchdog.model import CollectiveRef, Kind, Verdict
+from watchdog.model import Kind, Verdict
 from watchdog.text import clock, ranks_text
 
 _Side = TypeVar("_Side")
@@ -59,9 +59,9 @@ def _crossed_mismatch(job: StallView) -> Verdict | None:
     waiting_for_others = {r for frontier in frontiers for r in frontier.waiters}
     if not frontiers or not behind <= waiting_for_others:
         return None
-    places: dict[CollectiveRef, list[int]] = {}
+    places: dict[Place, list[int]] = {}
     for rank in sorted(waiting_for_others):
-        place = job.waiting_in(rank)
+        place = job.place_of(rank)
         if place is not None:
             places.setdefault(place, []).append(rank)
     if len(places) < 2:
@@ -73,4 +73,5 @@ def _crossed_mismatch(job: StallView) -> Verdict | None:
         "each side waiting for the other"
     )
     waiters = job.waiters(culprits)
-    return Verdict(Kind.COLLECTIVE_MISMATCH, summary, tuple(culprits), waiters, majority)
+    return Verdict(Kind.COLLECTIVE_MISMATCH, summary, tuple(culprits), waiters,
+                   job.ref_at(majority))

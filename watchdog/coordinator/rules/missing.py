@@ -35,8 +35,8 @@ def judge(job: StallView) -> Verdict | None:
         key=lambda f: (set(f.behind) <= set(culprits), len(f.waiters)),
     )
     ref = chosen.ref(largest(chosen.ranks_by_op()))
-    there = set(chosen.waiters)
-    others = [r for r in job.waiters(culprits) if r not in there]
+    there, waiters = set(chosen.waiters), job.waiters(culprits)
+    others = [r for r in waiters if r not in there]
     summary = (
         f"{culprits_text(job, [r for r in chosen.behind if r in culprits])} never reached "
         f"{collective_text(ref)}; {ranks_text(chosen.waiters)} {verb(chosen.waiters, 'waits')} "
@@ -44,7 +44,7 @@ def judge(job: StallView) -> Verdict | None:
     )
     if others:
         summary += f"; {waiters_text(job, others)}"
-    return Verdict(Kind.MISSING_RANKS, summary, tuple(culprits), job.waiters(culprits), ref)
+    return Verdict(Kind.MISSING_RANKS, summary, tuple(culprits), waiters, ref)
 
 
 def _stack_only_missing(job: StallView) -> Verdict | None:
