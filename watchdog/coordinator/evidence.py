@@ -338,9 +338,12 @@ def waits_in_collective(rank: RankState, stack: RankStack | None,
     backward never reaches. Then, and for a rank reporting no group, its stack decides; for a
     rank with nothing pending, only a stack inside torch.distributed (see `distributed_frame`):
     a user's backward hook sits near `run_backward` without waiting for anyone."""
-    pending = [progress for progress in rank.groups if progress.pending]
-    if any(furthest.get(p.group, 0) <= p.entered_seq for p in pending):
-        return True
+    pending = False
+    for progress in rank.groups:  # a loop: asked of 131,072 ranks by every verdict
+        if progress.pending:
+            pending = True
+            if furthest.get(progress.group, 0) <= progress.entered_seq:
+                return True
     if rank.groups and not pending:
         # Outside whatever its hook recorded, a stack inside torch.distributed still waits for
         # its peers: in a collective torch issues from C++ that the hook could not record (DDP's

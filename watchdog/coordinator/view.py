@@ -145,7 +145,9 @@ class Frontier:
     def all_waiting(self) -> bool:
         return len(self.waiters) == len(self.arrived)
 
-    def ranks_by_op(self) -> dict[str, list[int]]:
+    @cached_property
+    def by_op(self) -> dict[str, list[int]]:
+        """The ranks arrived, by the op each entered there."""
         by_op: dict[str, list[int]] = {}
         for rank, progress in self.arrived.items():
             by_op.setdefault(progress.entered_op, []).append(rank)

@@ -146,18 +146,19 @@ def activity_to_pb(a: Activity) -> pb.Activity:
 
 
 def activity_from_pb(m: pb.Activity) -> Activity:
+    # Each field read once: a real agent sends an activity with every rank state.
+    window, main, process, read, write, wait = (m.window, m.main_cpu, m.process_cpu,
+                                                m.read_rate, m.write_rate, m.main_wait)
     gpu = m.gpu_util if m.HasField("gpu_util") else None
-    values = (m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu or 0.0,
-              m.main_wait)
+    values = (window, main, process, read, write, gpu or 0.0, wait)
     _check_times(sum(values))
     if min(values) < 0:
         raise MessageRejectedError("a negative activity rate")
-    if m.main_wait > 1:
+    if wait > 1:
         raise MessageRejectedError("a main thread that waited for a CPU more than all the time")
-    if not m.window:
+    if not window:
         return NO_ACTIVITY
-    return Activity(m.window, m.main_cpu, m.process_cpu, m.read_rate, m.write_rate, gpu,
-                    m.main_wait)
+    return Activity(window, main, process, read, write, gpu, wait)
 
 
 def _frames_to_pb(frames: tuple[Frame, ...]) -> list[pb.Frame]:

@@ -14,7 +14,7 @@ def judge(job: StallView) -> Verdict | None:
     if job.stack_only:
         return _stack_only_all_in(job)
     for frontier in job.frontiers:
-        by_op = frontier.ranks_by_op()
+        by_op = frontier.by_op
         if frontier.behind or len(by_op) != 1 or not frontier.all_waiting:
             continue
         ref = frontier.ref(next(iter(by_op)))

@@ -32,7 +32,7 @@ def largest(sides: Mapping[_Side, Sequence[int]]) -> _Side:
 def _same_seq_mismatch(job: StallView) -> Verdict | None:
     """Members at the same #N, all waiting, in different ops (docs/design.md's trap)."""
     for frontier in job.frontiers:
-        by_op = frontier.ranks_by_op()
+        by_op = frontier.by_op
         if len(by_op) < 2 or not frontier.all_waiting:
             continue
         majority = largest(by_op)

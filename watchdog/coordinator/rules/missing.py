@@ -34,7 +34,7 @@ def judge(job: StallView) -> Verdict | None:
         (f for f in frontiers if set(f.behind) & set(culprits)),
         key=lambda f: (set(f.behind) <= set(culprits), len(f.waiters)),
     )
-    ref = chosen.ref(largest(chosen.ranks_by_op()))
+    ref = chosen.ref(largest(chosen.by_op))
     there, waiters = set(chosen.waiters), job.waiters(culprits)
     others = [r for r in waiters if r not in there]
     summary = (
