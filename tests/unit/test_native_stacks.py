@@ -13,6 +13,7 @@ import pytest
 from agent.stacks import main_thread_frames
 from tests.helpers.builders import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 from watchdog.coordinator.evidence import (
+    MEMO_FRAMES,
     by_identity,
     collective_frame,
     distributed_frame,
@@ -164,3 +165,20 @@ def test_what_is_read_from_a_stack_is_kept_for_that_tuple_of_frames_only() -> No
     depth(listed)
     listed.append(Frame("main", "train.py", 9))
     assert depth(listed) == len(DATA_STALL) + 1
+
+
+def test_answers_are_kept_for_stacks_of_at_most_a_budget_of_frames() -> None:
+    """Stacks asked about are held while kept: a stream of distinct deep ones never holds more
+    than MEMO_FRAMES frames."""
+    asked: list[object] = []
+
+    @by_identity
+    def depth(frames: Sequence[Frame]) -> int:
+        asked.append(frames)
+        return len(frames)
+
+    deep = [tuple(Frame(f"f{n}", "train.py", i) for i in range(500)) for n in range(40)]
+    assert [depth(frames) for frames in deep] == [500] * 40
+    assert depth(deep[-1]) == 500 and len(asked) == 40  # the newest still kept
+    assert depth(deep[0]) == 500 and len(asked) == 41  # the oldest let go: 40 x 500 > budget
+    assert MEMO_FRAMES < 40 * 500

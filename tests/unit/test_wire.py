@@ -243,3 +243,15 @@ def test_a_status_query_asks_for_ranks_in_full_within_bounds() -> None:
     for hostile in ("9-2", "-1", "x", f"0-{MAX_FULL_ROWS}", "1,,2"):
         with pytest.raises(MessageRejectedError, match="ranks: "):
             _wire.status_request_from_pb(pb.StatusRequest(ranks=hostile))
+
+
+def test_distinct_deep_stacks_never_keep_more_than_the_budget() -> None:
+    """An agent may send a stream of distinct deep stacks with the longest names: what is kept
+    for ranks alike to share stays within SHARED_BYTES, and equal stacks are still shared."""
+    deep = tuple(Frame("f" * MAX_TEXT, "train.py", i) for i in range(_wire.MAX_FRAMES - 1))
+    for n in range(3 * _wire.SHARED_BYTES // (len(deep) * MAX_TEXT)):
+        reply = StackReply(n, "node-a", (RankStack(0, 1, (Frame(f"g{n}", "x.py", 1), *deep)),))
+        _wire.agent_message_from_pb(pb.AgentMessage.FromString(
+            _wire.stacks_to_pb(reply).SerializeToString()))
+        assert _wire._SHARED.cost <= _wire.SHARED_BYTES
+    test_equal_stacks_arrive_as_one_shared_tuple_of_frames()

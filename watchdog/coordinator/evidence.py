@@ -16,6 +16,7 @@ from pathlib import PurePath
 from typing import TypeVar
 
 from watchdog.collectives import WAITS_FOR_PEERS
+from watchdog.kept import BoundedTable
 from watchdog.model import (
     DATALOADER_WORKER,
     WORLD_GROUP,
@@ -61,16 +62,18 @@ _TORCH_DISTRIBUTED = re.compile(
 
 
 Answer = TypeVar("Answer")
-_MEMO_SIZE = 4096
+# Frames of the stacks each question's answers are kept for (`kept`): a hundred stacks as they
+# are, 32 MiB at most with every name at MAX_TEXT.
+MEMO_FRAMES = 4096
 
 
 def by_identity(read: Callable[[Sequence[Frame]], Answer]) -> Callable[[Sequence[Frame]], Answer]:
     """`read`, asked once per stack object: the frames of ranks alike are one shared tuple
     (the wire decodes equal stacks into one), and a verdict on 131,072 ranks asks each of them
     the same questions. Keyed by identity (a tuple of frames hashes frame by frame, in Python),
-    each entry holding its stack so that its id is not reused; at most _MEMO_SIZE kept. Only
-    tuples are kept: a list may change after it was asked about."""
-    memo: dict[int, tuple[Sequence[Frame], Answer]] = {}
+    each entry holding its stack so that its id is not reused while kept. Only tuples are kept:
+    a list may change after it was asked about."""
+    memo: BoundedTable[int, tuple[Sequence[Frame], Answer]] = BoundedTable(MEMO_FRAMES)
 
     @functools.wraps(read)
     def asked(frames: Sequence[Frame]) -> Answer:
@@ -79,10 +82,7 @@ def by_identity(read: Callable[[Sequence[Frame]], Answer]) -> Callable[[Sequence
         kept = memo.get(id(frames))
         if kept is not None and kept[0] is frames:
             return kept[1]
-        if len(memo) >= _MEMO_SIZE:
-            memo.clear()
-        answer = memo[id(frames)] = frames, read(frames)
-        return answer[1]
+        return memo.put(id(frames), (frames, read(frames)), len(frames))[1]
 
     return asked
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 # ranks" that large. Imported "as" itself: re-exported.
 from watchdog.beacon.layout import MAX_WORLD as MAX_WORLD
 from watchdog.errors import MessageRejectedError
+from watchdog.kept import BoundedTable
 from watchdog.model import (
     CHECK_KINDS,
     DATALOADER_WORKER,
@@ -56,6 +57,7 @@ MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
 MAX_ATTEMPT = 1 << 20
+SHARED_BYTES = 8 << 20  # of the distinct stacks kept for ranks alike to share (`kept`)
 MAX_CHILDREN = 16  # child processes of one rank whose stacks come along (the agent keeps to it)
 MAX_CHILD_FRAMES = 128  # a DataLoader worker's stack is a dozen frames deep (the agent cuts)
 MAX_PID = 1 << 22  # the kernel's own limit (pid_max)
@@ -170,16 +172,24 @@ def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]
         _once("frames", "an agent sent a stack of %d frames: the innermost %d kept", len(frames),
               limit - 1)
     # Only the frames kept are converted: a deep stack costs no more than a bounded one.
-    return _shared_frames(tuple([(f.function, f.file, f.line) for f in frames[:limit]]), limit,
+    return bounded_frames([Frame(f.function, f.file, f.line) for f in frames[:limit]], limit,
                           len(frames))
 
 
-# Ranks alike have equal stacks: they share one tuple of frames, so that what the coordinator
-# reads from a stack it reads once per distinct stack (`evidence.by_identity`), not per rank.
-@functools.lru_cache(maxsize=4096)
-def _shared_frames(frames: tuple[tuple[str, str, int], ...], limit: int,
-                   total: int) -> tuple[Frame, ...]:
-    return bounded_frames([Frame(*frame) for frame in frames], limit, total)
+def _shared_frames(m: pb.RankStack) -> tuple[Frame, ...]:
+    """A rank's frames, one tuple shared by the ranks whose stacks are equal: what the
+    coordinator reads from a stack it reads once per distinct stack (`evidence.by_identity`),
+    not once per rank."""
+    key = tuple([(f.function, f.file, f.line) for f in m.frames])
+    shared = _SHARED.get(key)
+    if shared is None:
+        shared = _SHARED.put(key, _frames_from_pb(m.frames, MAX_FRAMES), m.ByteSize())
+    return shared
+
+
+# Keyed by what the agent sent, cut or not: a budget of its bytes, a few thousand stacks.
+_SHARED: BoundedTable[tuple[tuple[str, str, int], ...], tuple[Frame, ...]] = BoundedTable(
+    SHARED_BYTES)
 
 
 def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
@@ -352,7 +362,7 @@ def _stack_from_pb(m: pb.RankStack) -> RankStack:
     if len(m.children) > MAX_CHILDREN:
         raise MessageRejectedError(f"stack with {len(m.children)} children (at most "
                                    f"{MAX_CHILDREN})")
-    frames = _frames_from_pb(m.frames, MAX_FRAMES)
+    frames = _shared_frames(m)
     nccl_log = _log_lines(m.nccl_log, MAX_LOG_LINES)
     return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
                      error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
