@@ -85,13 +85,8 @@ def _shards(addresses: Sequence[str], security: ClientSecurity,
     """Every coordinator named: a fleet's shards, each following its own jobs."""
     sources = [Source(f"coordinator at {address}", address, security, query)
                for address in addresses]
-    answers, notes = asyncio.run(ask_all(sources))
-    _say_skipped(notes)
-    if not answers:
-        raise CoordinatorUnreachableError(
-            f"no coordinator answered of {', '.join(addresses)}",
-            hint="check each --coordinator address, and that its coordinator runs")
-    return answers
+    return _answers(sources, f"no coordinator answered of {', '.join(addresses)}",
+                    "check each --coordinator address, and that its coordinator runs")
 
 
 def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
@@ -103,19 +98,21 @@ def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
         sources = [Source(r.label, r.address, query=query) for r in runs]
         if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
             sources.append(service)
-        answers, notes = asyncio.run(ask_all(sources))
-    _say_skipped(notes)
-    if not answers:
-        raise CoordinatorUnreachableError(
-            f"no job to show: no `watchdog run` found on this machine and no coordinator "
-            f"answered at {DEFAULT_ADDRESS}",
-            hint="start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
-    return answers
+        return _answers(
+            sources, "no job to show: no `watchdog run` found on this machine and no "
+                     f"coordinator answered at {DEFAULT_ADDRESS}",
+            "start a job with `watchdog run -- CMD`, or pass --coordinator HOST:PORT")
 
 
-def _say_skipped(notes: Sequence[str]) -> None:
+def _answers(sources: Sequence[Source], nobody: str, hint: str) -> list[Answer]:
+    """Every source's jobs; a note on stderr for each that did not answer, and
+    CoordinatorUnreachableError (`nobody`, `hint`) when none did."""
+    answers, notes = asyncio.run(ask_all(sources))
     for note in notes:
         print(f"watchdog status: skipped {note}", file=sys.stderr)
+    if not answers:
+        raise CoordinatorUnreachableError(nobody, hint=hint)
+    return answers
 
 
 async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:

@@ -104,9 +104,7 @@ def frame_key(frame: Frame) -> FrameKey:
 
 @by_identity
 def stack_signature(frames: Sequence[Frame]) -> tuple[FrameKey, ...]:
-    # `frame_key` written out: 131,072 ranks of a dozen frames each.
-    return tuple([(f.function, f.file, None if _is_library_file(f.file) else f.line)
-                  for f in frames])
+    return tuple(map(frame_key, frames))
 
 
 # The stacks of 16k ranks repeat a few dozen files: a diagnosis asks about each file thousands
@@ -301,17 +299,6 @@ def frame_site(frame: Frame) -> str:
 def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
     stopped_by_someone = stack is not None and stack.was_stopped
     return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
-
-
-_WEDGED_STATES = frozenset({*_STOPPED_STATES, "D"})
-
-
-def may_be_wedged(rank: RankState, stack: RankStack | None) -> bool:
-    """Whether `wedge_reason` may find a reason (stopped, in D state, a stale heartbeat): a
-    test cheap enough to ask of 131,072 ranks, of which one or none is."""
-    age = rank.heartbeat_age
-    return (rank.proc_state in _WEDGED_STATES or (stack is not None and stack.was_stopped)
-            or (rank.hooked and age is not None and age > HEARTBEAT_STALE_S))
 
 
 def wedge_reason(rank: RankState, stopped: bool, progress: Callable[[], str]) -> str:

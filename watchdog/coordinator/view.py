@@ -17,7 +17,6 @@ from watchdog.coordinator.evidence import (
     in_open_phase,
     is_stopped,
     latest_pending,
-    may_be_wedged,
     progress_sign,
     stuck_frame,
     waits_in_collective,
@@ -74,8 +73,7 @@ class RankEvidence:
         self.furthest = furthest  # per group, the furthest collective entered (`furthest_entered`)
         self.stopped = is_stopped(state, stack)
         # Why it cannot be making progress (see `wedge_reason`), or ''.
-        self.wedged = wedge_reason(state, self.stopped, lambda: self.progress) if (
-            may_be_wedged(state, stack)) else ""
+        self.wedged = wedge_reason(state, self.stopped, lambda: self.progress)
         # Whether it waits in a collective (see `waits_in_collective`).
         self.waiting = waits_in_collective(state, stack, furthest)
         # The set-up call it waits in, or '' (see `startup.setup_call`).
@@ -205,10 +203,6 @@ class StallView:
             for peer in self.alive.values()
             if peer.state.rank != rank
         )
-
-    def waiting_in(self, rank: int) -> CollectiveRef | None:
-        place = self.place_of(rank)
-        return None if place is None else self.ref_at(place)
 
     def place_of(self, rank: int) -> Place | None:
         """Where it waits by its hook, as (group, seq, op): ranks are sorted by place with this,
