@@ -9,7 +9,7 @@ driving the terminal that shows it; one cutter keeps any such string within a si
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 MAX_TEXT = 4096  # UTF-8 bytes of any one text a worker controls, wherever it travels
@@ -35,6 +35,17 @@ def ranks_text(ranks: Iterable[int]) -> str:
             parts.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)))
             start = end
     return f"ranks {','.join(parts)}"
+
+
+LISTED_NAMES = 8  # past this many, names are given by their count, first and last
+
+
+def names_text(names: Sequence[str], separator: str = ",") -> str:
+    """'node-a,node-b'; past LISTED_NAMES, '16384 (node-00000 ... node-16383)': a job's nodes
+    stay one short line at any size."""
+    if len(names) <= LISTED_NAMES:
+        return separator.join(names) or "-"
+    return f"{len(names)} ({names[0]} ... {names[-1]})"
 
 
 def parse_ranks(spec: str, limit: int) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from tests.helpers.builders import DATA_STALL, DDP_BACKWARD, done, entered, rank, snapshot
 from watchdog.cli.render import render_incident, render_status
@@ -13,6 +14,7 @@ from watchdog.coordinator.incident import build_incident, rank_table
 from watchdog.coordinator.verdict import decide
 from watchdog.model import FULL_ROWS, JobSnapshot
 from watchdog.report.incident import incident_html
+from watchdog.report.jobs import job_page, jobs_page
 
 SIZE = 4096
 CULPRIT = 1111
@@ -81,15 +83,31 @@ def test_the_page_of_a_large_incident_shows_its_groups_and_counts_every_rank() -
     assert f"0-76,78-1110,1112-4095 ({SIZE - 2})" in page
 
 
+def large_status(job: JobSnapshot) -> dict[str, Any]:
+    nodes = sorted({state.host for state in job.ranks})
+    return {"jobs": [{"job_id": "big", "state": "HUNG", "world_size": SIZE, "nodes": nodes,
+                      **rank_table(job, [CULPRIT]), "verdict": None, "findings": [],
+                      "flagged": []}]}
+
+
 def test_a_large_jobs_status_is_a_line_per_group_and_counts_its_nodes() -> None:
     job = stalled_job(SIZE)
     nodes = sorted({state.host for state in job.ranks})
-    status = {"jobs": [{"job_id": "big", "state": "HUNG", "world_size": SIZE, "nodes": nodes,
-                        **rank_table(job, [CULPRIT]), "verdict": None, "findings": [],
-                        "flagged": []}]}
+    status = large_status(job)
     header, titles, *rows = render_status(status).splitlines()
     assert titles.split()[:3] == ["RANK", "HOST", "PID"]
     assert header.endswith(f"nodes {SIZE // 8} ({nodes[0]} ... {nodes[-1]})")
     assert [row.split()[0] for row in rows] == [str(LOGGED), str(CULPRIT),
                                                 "0-76,78-1110,1112-4095"]
     assert f"({SIZE - 2})  {SIZE // 8} hosts" in rows[-1] and "WAITING" in rows[-1]
+
+
+def test_the_web_views_pages_of_a_large_job_count_its_nodes_and_every_rank() -> None:
+    status = large_status(stalled_job(SIZE))
+    nodes = status["jobs"][0]["nodes"]
+    listing = jobs_page(status, [])
+    every = ", ".join(nodes[:2])  # how the nodes were listed before: all of them
+    assert f"{SIZE // 8} ({nodes[0]} ... {nodes[-1]})" in listing and every not in listing
+    assert f"{SIZE - 1} WAITING" in listing  # the grouped ranks are counted too
+    page = job_page(status["jobs"][0])
+    assert f"{SIZE // 8} ({nodes[0]} ... {nodes[-1]})" in page and every not in page

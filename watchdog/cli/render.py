@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TextIO
 
 from watchdog.model import RankStatus, Severity
-from watchdog.text import clock, printable_tree, ranks_text
+from watchdog.text import clock, names_text, printable_tree, ranks_text
 
 _RESET = "\033[0m"
 _BOLD = "\033[1m"
@@ -28,7 +28,6 @@ _ALARM = "\033[31m"  # every other state
 _COLUMNS = ("RANK", "HOST", "PID", "STATE", "STEP", "LAST COLLECTIVE", "HEARTBEAT")
 _CULPRIT_MARK = "*"
 MAX_RUNS = 4  # of a group's rank ranges, shown in its line
-LISTED_NODES = 8  # a job on more nodes gives their count and first and last names
 
 
 def use_color(stream: TextIO) -> bool:
@@ -111,7 +110,7 @@ def rank_table(
 
 def _render_job(job: Mapping[str, Any], color: bool) -> str:
     header = (f"job {job['job_id']}  {job['state']}  world size {job['world_size']}  nodes "
-              f"{_nodes_text(job['nodes'])}")
+              f"{names_text(job['nodes'])}")
     verdict = job["verdict"]
     culprits = verdict["culprit_ranks"] if verdict else ()
     lines = [_paint(header, _BOLD, color),
@@ -126,13 +125,6 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     lines += [f"flagged, not trusted: rank {f['rank']} (pid {f['pid']} on {f['node']}): "
               f"{f['reason']}" for f in job.get("flagged", ())]
     return "\n".join(lines)
-
-
-def _nodes_text(nodes: Sequence[str]) -> str:
-    """'node-a,node-b'; past LISTED_NODES, '2048 (node-00000 ... node-02047)'."""
-    if len(nodes) <= LISTED_NODES:
-        return ",".join(nodes) or "-"
-    return f"{len(nodes)} ({nodes[0]} ... {nodes[-1]})"
 
 
 def _group_row(group: Mapping[str, Any]) -> dict[str, Any]:

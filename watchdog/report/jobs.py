@@ -15,7 +15,7 @@ from watchdog.report.groups import group_ranks
 from watchdog.report.incident import alike_groups, alike_table, group_table, verdict_html
 from watchdog.report.page import STATE_COLORS, document, esc, state_badge, state_color
 from watchdog.report.timeline import lanes_of, render_timeline
-from watchdog.text import clock, ranks_text
+from watchdog.text import clock, names_text, ranks_text
 
 REFRESH_S = 5
 NUMBERED_CELLS = 256  # up to this many ranks, each cell of the grid shows its number
@@ -61,7 +61,7 @@ def job_page(job: Mapping[str, Any], asked: str = "") -> str:
     parts = [nav(job_id), f'<h1>job <span class="mono">{esc(job_id)}</span> '
              f"{state_badge(job.get('state', '?'))}</h1>",
              f"<p class=\"muted\">world size {esc(job.get('world_size', '?'))} · nodes "
-             f"{esc(', '.join(map(str, job.get('nodes') or ())) or '-')} · as of "
+             f"{esc(names_text([str(n) for n in job.get('nodes') or ()], ', '))} · as of "
              f"{esc(clock(time.time()))}</p>"]
     alike = alike_groups(job)
     if isinstance(verdict, Mapping):
@@ -138,11 +138,13 @@ def _job_row(job: Mapping[str, Any]) -> str:
                if isinstance(verdict, Mapping) else '<span class="muted">none</span>')
     counts = Counter(str(r.get("state", "?")) for r in job.get("ranks") or ()
                      if isinstance(r, Mapping))
+    for group in alike_groups(job):  # a large job's other ranks
+        counts[str(group.get("state", "?"))] += group["count"]
     by_state = ", ".join(f"{n} {esc(s)}" for s, n in sorted(counts.items(), key=_state_order))
     return (f'<tr class="job" data-job="{esc(job_id)}"><td class="mono nowrap"><a href="'
             f'{esc(job_href(job_id))}">{esc(job_id)}</a></td>'
             f"<td>{state_badge(job.get('state', '?'))}</td><td>{esc(job.get('world_size', '?'))}"
-            f"</td><td>{esc(', '.join(map(str, job.get('nodes') or ())) or '-')}</td>"
+            f"</td><td>{esc(names_text([str(n) for n in job.get('nodes') or ()], ', '))}</td>"
             f"<td>{by_state}</td><td class=\"verdict-cell\">{summary}</td></tr>")
 
 
