@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.builders import T0, joined, view
 from watchdog.beacon import BeaconWriter, Identity, Pace, open_beacon, read_beacon
 from watchdog.coordinator.jobs import PACED_STEPS
@@ -86,8 +88,11 @@ def test_a_change_is_dated_by_the_hooks_stamp_not_by_the_report() -> None:
     tracker.observe(2, T0 + 1.0, progress_at=T0 + 0.1)  # reported 0.9 s after it happened
     assert tracker.stalled_for(T0 + 10.1) == 10.0
     assert tracker.is_stalled(T0 + 10.1)
-    tracker.observe(3, T0 + 12.0, progress_at=T0 + 0.05)  # older than the last change: stale
-    assert tracker.stalled_for(T0 + 12.0) == 0.0
+    # a late report of progress older than the last change (a report held back, a slow node)
+    tracker.observe(3, T0 + 12.0, progress_at=T0 + 0.05)
+    assert tracker.stalled_for(T0 + 12.0) == pytest.approx(11.9)
+    tracker.observe(4, T0 + 12.5)  # a change no hook dated: by its arrival
+    assert tracker.stalled_for(T0 + 12.5) == 0.0
 
 
 def test_a_job_is_paced_by_its_slowest_rank_once_each_stepped_enough() -> None:
@@ -105,6 +110,25 @@ def test_the_latest_hook_stamp_dates_the_jobs_progress() -> None:
     job.update("node-0", joined(0, events=999, progress_age=2.0), received=T0 + 3.0)
     job.observe(T0 + 3.0)
     assert job.tracker.stalled_for(T0 + 5.0) == 4.0  # since T0 + 1.0, not since T0 + 3.0
+
+
+def test_late_news_of_old_progress_does_not_restart_the_stall_clock() -> None:
+    """A large job's node reports its ranks' progress up to an interval late (`agent.news`):
+    dated by the hooks, the job's last progress stays the latest of them; a change no hook
+    dated (a rank without a hook, a rank starting) is dated by its arrival."""
+    job = view(*(joined(r) for r in range(4)))
+    job.observe(T0)
+    job.update("node-0", joined(0, events=999, progress_age=0.5), received=T0 + 3.0)
+    job.observe(T0 + 3.0)
+    job.update("node-1", joined(1, events=999, progress_age=2.0), received=T0 + 4.0)
+    job.observe(T0 + 4.0)
+    assert job.tracker.stalled_for(T0 + 5.0) == 2.5  # since T0 + 2.5, its latest stamp
+    job.update("node-2", joined(2, events=999), received=T0 + 5.0)
+    job.observe(T0 + 5.0)
+    assert job.tracker.stalled_for(T0 + 6.0) == 1.0
+    job.update("node-4", joined(4, progress_age=9.0), received=T0 + 7.0)  # a rank starts
+    job.observe(T0 + 7.0)
+    assert job.tracker.stalled_for(T0 + 7.0) == 0.0
 
 
 def test_a_stall_that_ended_by_itself_is_expected_there_next_time() -> None:

@@ -87,6 +87,7 @@ class JobView:
         self.duplicates: dict[int, set[tuple[str, int]]] = {}
         self._started = False
         self._progress_at: float | None = None  # the latest progress any hook stamped
+        self._undated = False  # a change since the last `observe` that no hook stamped
         self._paces: dict[int, float] = {}  # rank -> its hook's p99 gap, once paced
         self._pace: float | None = None  # their maximum; None until recomputed
         # Whether the current quiet spell is a phase, not training (`_quiet_is_phase`), and
@@ -106,14 +107,18 @@ class JobView:
                 self.duplicates.setdefault(state.rank, set()).add((state.host, state.pid))
             return
         self.duplicates.pop(state.rank, None)
-        self._count(state)
+        fresh = state.rank not in self._parts
+        moved = self._count(state)
         self.world_size = max(self.world_size, state.world_size)
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
         self.findings.observe(state)
+        undated = True  # a change no hook dated is dated by its arrival
         if received is not None and state.progress_age is not None:
+            undated = fresh  # a rank starting is progress, whenever its hook last stamped any
             at = received - state.progress_age  # the agent measured the age on its own clock
             self._progress_at = at if self._progress_at is None else max(self._progress_at, at)
+        self._undated = self._undated or (moved and undated)
         pace = state.pace
         paced = state.hooked and state.steps >= PACED_STEPS and pace.gaps > 0
         if self._paces.get(state.rank) != (pace.gap_p99 if paced else None):
@@ -130,8 +135,9 @@ class JobView:
             self._pace = max(self._paces.values())
         return self._pace
 
-    def _count(self, state: RankState) -> None:
-        """Put the rank's part in the running totals, in place of its previous state's."""
+    def _count(self, state: RankState) -> bool:
+        """Put the rank's part in the running totals, in place of its previous state's; whether
+        its event count changed."""
         alive, hooked = state.exited_at is None, state.hooked
         part = (state.events, hooked, not alive,
                 hooked and state.steps == 0 and state.events < WARM_EVENTS,
@@ -147,6 +153,7 @@ class JobView:
             self._in_phase.add(state.rank)
         else:
             self._in_phase.discard(state.rank)
+        return part[0] != old[0]
 
     def events_total(self) -> int:
         """Everything the job did, a rank starting included: start-up is progress."""
@@ -164,6 +171,7 @@ class JobView:
             return False
         self.stack_probe = probe
         self.probe_progress += 1
+        self._undated = True
         return True
 
     def phase_grace(self) -> float:
@@ -197,7 +205,8 @@ class JobView:
         # Past the threshold, a quiet spell is judged: a phase, a busy period, or a stall that
         # may yet end by itself. None of them is the rhythm of training.
         self._phase_gap = self._phase_gap or self.stalled(now)
-        if self.tracker.observe(total, now, self._progress_at, warm=not self._warming,
+        stamp, self._undated = None if self._undated else self._progress_at, False
+        if self.tracker.observe(total, now, stamp, warm=not self._warming,
                                 phase=self._phase_gap):
             self._phase_gap = False
             self._progress_resumed(quiet)

@@ -9,7 +9,8 @@ phase (an evaluation on every rank, a declared phase, a stall that was judged) i
 and one long gap never moves the pace. Until a pace is known, and during start-up, the job gets
 the longer warm-up grace; a declared phase stretches the threshold to its own timeout; `fixed`
 (--stall-timeout) overrides the pace. A change is dated by the hook's own stamp where it has one
-(`progress_at`), so a report's delay does not delay the stall.
+(`progress_at`), so a report's delay does not delay the stall, and late news of progress older
+than the last change does not restart its clock.
 """
 
 from __future__ import annotations
@@ -44,17 +45,21 @@ class ProgressTracker:
 
     def observe(self, events_total: int, now: float, progress_at: float | None = None,
                 warm: bool = True, phase: bool = False) -> bool:
-        """Record the job's total event count as of `now`; `progress_at`, when known, is when the
-        ranks' hooks last saw it change, by their own clocks (never later than `now`). A gap
+        """Record the job's total event count as of `now`; `progress_at`, when every change since
+        the last call was stamped, is when the ranks' hooks last saw it change, by their own
+        clocks (never later than `now`); None dates the change by `now`. A gap
         that began before the job was `warm` is start-up, and a gap that was a `phase` is not
         training: neither is the job's pace, so neither is kept. Returns whether the count
         changed."""
         if events_total == self._events:
             return False
         changed_at = now
-        if progress_at is not None and (self._changed_at is None or progress_at > self._changed_at):
+        if progress_at is not None:
             changed_at = min(now, progress_at)
-        if self._changed_at is not None and self._warm and not phase:
+            if self._changed_at is not None:  # late news of older progress: no later than it was
+                changed_at = max(changed_at, self._changed_at)
+        if self._changed_at is not None and self._warm and not phase \
+                and changed_at != self._changed_at:
             self._gaps.append(changed_at - self._changed_at)
             self._own_pace = None
         self._events, self._changed_at, self._warm = events_total, changed_at, warm
