@@ -4,7 +4,8 @@
 all_reduce sequence advances with the steps, until `hung_at`: then one rank (the culprit) stops
 short of the next all_reduce and every other rank waits in it.
 `run_agents` (load generator process) plays one agent per node of 8 ranks, each on its own
-Connect stream, reporting at 1 Hz and answering stack requests with small synthetic stacks.
+Connect stream, reporting at 1 Hz (a report of progress only held back once, as the real agent
+does) and answering stack requests with small synthetic stacks.
 `serve_coordinator` (coordinator process) runs the real Coordinator behind the real gRPC server,
 counting what it ingests and when it detected and reported a hang.
 Both take commands over a multiprocessing pipe: `(tag, name, *args)`, answered `(tag, result)`.
@@ -24,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from agent.news import News
 from tests.helpers.builders import DDP_BACKWARD, SITE, TRAIN
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.service import Coordinator
@@ -105,7 +107,7 @@ class SimJob:
             world_size=self.world_size, host=self.node_name(rank // RANKS_PER_NODE),
             pid=10_000 + rank, hooked=True, proc_state="R" if rank == self.culprit else "S",
             heartbeat_age=0.05 + 0.01 * (rank % 10), steps=done, events=entered + 2 * done,
-            last_event_at=entered_at,
+            last_event_at=entered_at, progress_age=max(0.0, now - entered_at),
             groups=(GroupProgress(WORLD_GROUP, self.members if listed else (), entered,
                                   "all_reduce", done, entered_at),))
 
@@ -138,6 +140,7 @@ def _refresh(message: pb.NodeReport, report: NodeReport) -> None:
     for out, state in zip(message.ranks, report.ranks, strict=True):
         out.steps, out.events, out.last_event_at = state.steps, state.events, state.last_event_at
         out.proc_state, out.heartbeat_age = state.proc_state, state.heartbeat_age or 0.0
+        out.progress_age = state.progress_age or 0.0
         group, progress = out.groups[0], state.groups[0]
         group.entered_seq, group.completed_seq = progress.entered_seq, progress.completed_seq
         group.entered_at = progress.entered_at
@@ -151,7 +154,8 @@ class _Counters:
 
 
 class _SimAgent:
-    """One node's agent: a full-state report each second, stacks on request."""
+    """One node's agent: a full-state report each second, but one that says only that its ranks
+    progressed held back once, as the real agent does (`agent.news`); stacks on request."""
 
     def __init__(self, sim: SimJob, node: int, counters: _Counters,
                  members: pb.GroupProgress) -> None:
@@ -162,6 +166,7 @@ class _SimAgent:
             rank.groups[0].MergeFrom(members)
         self.outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()  # None: a report
         self.report_queued = False
+        self.news = News()
 
     async def run(self, stub: pb_grpc.CoordinatorAsyncStub) -> None:
         """Stream until cancelled; a failed stream is recorded and reopened after a backoff, as
@@ -206,7 +211,10 @@ class _SimAgent:
                 yield item
                 continue
             self.report_queued = False
-            _refresh(self.message.report, self.sim.report(self.node, time.time()))
+            report = self.sim.report(self.node, time.time())
+            if not self.news.worth_sending(report, delivered=True):
+                continue
+            _refresh(self.message.report, report)
             self.counters.reports += 1
             yield self.message  # serialized by grpc before this generator is resumed
 
