@@ -288,8 +288,9 @@ def _time_ingest(conn: Connection, coordinator: Coordinator, sim: SimJob) -> Non
 
 def _time_diagnosis(conn: Connection, coordinator: Coordinator, sim: SimJob,
                     profile: str | None) -> None:
-    now = time.time()
-    sim.hung_at = now - STALL_TIMEOUT_S - 3
+    # The job hangs now, after the progress the ingest stage reported, and is judged later.
+    sim.hung_at = time.time()
+    now = sim.hung_at + STALL_TIMEOUT_S + 3
     for node in range(sim.nodes):
         coordinator.ingest(sim.report(node, now), now)
     job = coordinator.jobs[sim.job_id]
