@@ -89,7 +89,7 @@ def test_a_change_is_dated_by_the_hooks_stamp_not_by_the_report() -> None:
     assert tracker.stalled_for(T0 + 10.1) == 10.0
     assert tracker.is_stalled(T0 + 10.1)
     # a late report of progress older than the last change (a report held back, a slow node)
-    tracker.observe(3, T0 + 12.0, progress_at=T0 + 0.05)
+    assert not tracker.observe(3, T0 + 12.0, progress_at=T0 + 0.05)  # no progress since
     assert tracker.stalled_for(T0 + 12.0) == pytest.approx(11.9)
     tracker.observe(4, T0 + 12.5)  # a change no hook dated: by its arrival
     assert tracker.stalled_for(T0 + 12.5) == 0.0
@@ -120,9 +120,11 @@ def test_late_news_of_old_progress_does_not_restart_the_stall_clock() -> None:
     job.observe(T0)
     job.update("node-0", joined(0, events=999, progress_age=0.5), received=T0 + 3.0)
     job.observe(T0 + 3.0)
+    job.hold(T0 + 60.0)  # the quiet spell is being judged
     job.update("node-1", joined(1, events=999, progress_age=2.0), received=T0 + 4.0)
     job.observe(T0 + 4.0)
     assert job.tracker.stalled_for(T0 + 5.0) == 2.5  # since T0 + 2.5, its latest stamp
+    assert job.held(T0 + 5.0)  # no progress since: the spell goes on
     job.update("node-2", joined(2, events=999), received=T0 + 5.0)
     job.observe(T0 + 5.0)
     assert job.tracker.stalled_for(T0 + 6.0) == 1.0

@@ -47,19 +47,19 @@ class ProgressTracker:
                 warm: bool = True, phase: bool = False) -> bool:
         """Record the job's total event count as of `now`; `progress_at`, when every change since
         the last call was stamped, is when the ranks' hooks last saw it change, by their own
-        clocks (never later than `now`); None dates the change by `now`. A gap
-        that began before the job was `warm` is start-up, and a gap that was a `phase` is not
-        training: neither is the job's pace, so neither is kept. Returns whether the count
-        changed."""
+        clocks (never later than `now`); None dates the change by `now`. A gap that began before
+        the job was `warm` is start-up, and a gap that was a `phase` is not training: neither is
+        the job's pace, so neither is kept. Returns whether the job progressed: its count
+        changed, later than its last change where the change was stamped (a report held back or
+        slow tells of progress the clock already counted)."""
         if events_total == self._events:
             return False
-        changed_at = now
-        if progress_at is not None:
-            changed_at = min(now, progress_at)
-            if self._changed_at is not None:  # late news of older progress: no later than it was
-                changed_at = max(changed_at, self._changed_at)
-        if self._changed_at is not None and self._warm and not phase \
-                and changed_at != self._changed_at:
+        changed_at = now if progress_at is None else min(now, progress_at)
+        if progress_at is not None and self._changed_at is not None \
+                and changed_at <= self._changed_at:
+            self._events = events_total
+            return False
+        if self._changed_at is not None and self._warm and not phase:
             self._gaps.append(changed_at - self._changed_at)
             self._own_pace = None
         self._events, self._changed_at, self._warm = events_total, changed_at, warm
