@@ -59,6 +59,20 @@ _COLLECTIVE_DEPTH = 6  # how many innermost frames may sit between the wait and 
 # (`Join.notify_join_context`: an evaluation sampled there is working, not waiting).
 _TORCH_DISTRIBUTED = re.compile(
     r"[/\\]torch[/\\]distributed[/\\](?!checkpoint[/\\]|algorithms[/\\])")
+# Where torch.compile compiles: dynamo tracing a frame, AOT autograd compiling its graphs (the
+# backward lazily, at the first backward), inductor lowering, generating and building code (its
+# C++ compiler runs, its cache lock, its compile-worker pool). A compiled program running shows
+# none of these (inductor's generated module, AOT autograd's runtime wrappers, eval_frame): a
+# rank running compiled code is judged as any other.
+_COMPILE_SITE = re.compile(
+    r"[/\\]torch[/\\](?:_dynamo[/\\](?:convert_frame|symbolic_convert)\.py"
+    r"|_functorch[/\\]_aot_autograd[/\\]graph_compile\.py"
+    r"|_inductor[/\\](?:compile_fx|codecache|cpp_builder|async_compile)\.py"
+    r"|_inductor[/\\]compile_worker[/\\])")
+# Waiting to take a file lock: the filelock package (torch's inductor cache and Hugging Face's
+# downloads lock with it) and torch's wrapper of it. A rank waits there for the process that
+# holds the lock: another rank, busy behind it, where one is.
+_FILE_LOCK = re.compile(r"[/\\]filelock[/\\]|[/\\]torch[/\\]utils[/\\]_filelock\.py$")
 
 
 Answer = TypeVar("Answer")
@@ -176,6 +190,24 @@ def _in_torch_distributed(file: str) -> bool:
     return _TORCH_DISTRIBUTED.search(file) is not None
 
 
+@by_identity
+def compiling(frames: Sequence[Frame]) -> bool:
+    """Whether the stack is inside torch.compile's compilation (see `_COMPILE_SITE`)."""
+    return any(_compile_site(frame.file) for frame in frames)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_site(file: str) -> bool:
+    return _COMPILE_SITE.search(file) is not None
+
+
+@by_identity
+def waits_for_file_lock(frames: Sequence[Frame]) -> bool:
+    """Whether the innermost Python frames wait to take a file lock (see `_FILE_LOCK`)."""
+    return any(_FILE_LOCK.search(frame.file) is not None
+               for frame in python_frames(frames)[:_COLLECTIVE_DEPTH])
+
+
 def _is_collective(frame: Frame) -> bool:
     return frame.function in _COLLECTIVE_FUNCTIONS or frame.file.endswith("distributed_c10d.py")
 
@@ -191,15 +223,16 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
     """What shows that a live rank is working though its job stalled for `stalled_for` seconds
     ('writing 41 MB/s'), or ''.
 
-    A stack that moved between samples is Python running. CPU counts only outside a wait for
-    the GPU or a collective, where CUDA and NCCL spin. Reading or writing counts even inside one
-    function: a checkpoint writer loops in one. Rates measured over a window that reaches back
-    before the stall began show the work before it, not during it: they do not count. A stopped
-    process shows nothing.
+    Compiling is work, whatever its innermost frames wait for (its C++ compiler, its cache's
+    lock, its worker pool). A stack that moved between samples is Python running. CPU counts
+    only outside a wait for the GPU or a collective, where CUDA and NCCL spin. Reading or
+    writing counts even inside one function: a checkpoint writer loops in one. Rates measured
+    over a window that reaches back before the stall began show the work before it, not during
+    it: they do not count. A stopped process shows nothing.
     """
     if not rank.alive or is_stopped(rank, stack):
         return ""
-    signs = []
+    signs = ["compiling (torch.compile)"] if stack is not None and compiling(stack.frames) else []
     work = rank.activity
     if 0 < work.window <= stalled_for:
         for verb, rate in (("reading", work.read_rate), ("writing", work.write_rate)):

@@ -32,7 +32,7 @@ from watchdog.coordinator.rules import (
     wedged,
 )
 from watchdog.coordinator.view import StallView
-from watchdog.coordinator.wording import waiters_text
+from watchdog.coordinator.wording import verb, waiters_text
 from watchdog.model import JobSnapshot, Kind, Verdict
 from watchdog.text import ranks_text
 
@@ -68,22 +68,31 @@ def decide(snapshot: JobSnapshot) -> Verdict | None:
 
 def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
     """A hang verdict stands only when its culprits show no progress. A culprit that works
-    while its peers wait is busy (RANK_BUSY, a notice) until the busy timeout; when every live
-    rank works outside any collective, the job is in a long phase and nothing is reported."""
+    while its peers wait is busy (RANK_BUSY, a notice) until the busy timeout, and so is the
+    work a culprit waiting for a file lock waits on (inductor's cache lock: another rank
+    compiles behind it); when every live rank works outside any collective, or waits for such
+    a lock, the job is in a long phase and nothing is reported."""
     busy = {r: sign for r in hang.culprit_ranks
             if r in job.alive and (sign := job.alive[r].progress)}
-    if not busy:
+    working = busy or {r: seen.progress for r, seen in job.alive.items() if seen.progress}
+    held = [r for r in hang.culprit_ranks
+            if working and r not in busy and r in job.alive and job.alive[r].lock_wait]
+    if not busy and not held:
         return hang
+    busy = busy or working
     stalled_for = job.snapshot.stalled_for
     if stalled_for >= job.snapshot.busy_timeout:
         first = next(iter(busy))
         return replace(hang, summary=f"{hang.summary}; {ranks_text(busy)} kept working "
                                      f"({busy[first]}) for {stalled_for:.0f} s, past the busy "
                                      "timeout")
-    if not hang.waiting_ranks and all(r in busy or seen.progress for r, seen in job.alive.items()):
+    if not hang.waiting_ranks and all(r in busy or r in held or seen.progress
+                                      for r, seen in job.alive.items()):
         return None
     summary = _busy_text(job, busy)
-    idle = [r for r in hang.culprit_ranks if r not in busy]
+    if held:
+        summary += f"; {ranks_text(held)} {verb(held, 'waits')} for a file lock"
+    idle = [r for r in hang.culprit_ranks if r not in busy and r not in held]
     if idle:
         summary += f"; {ranks_text(idle)} made no progress outside any collective"
     if hang.waiting_ranks:

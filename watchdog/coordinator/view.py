@@ -19,6 +19,7 @@ from watchdog.coordinator.evidence import (
     latest_pending,
     progress_sign,
     stuck_frame,
+    waits_for_file_lock,
     waits_in_collective,
     wedge_reason,
 )
@@ -92,6 +93,11 @@ class RankEvidence:
     def stack_waiting(self) -> bool | None:
         """Whether its stack sits in a collective; None without a stack."""
         return collective_frame(self.frames) is not None if self.frames else None
+
+    @cached_property
+    def lock_wait(self) -> bool:
+        """Whether its stack waits to take a file lock (see `waits_for_file_lock`)."""
+        return waits_for_file_lock(self.frames)
 
     @cached_property
     def in_phase(self) -> bool:

@@ -1,0 +1,56 @@
+"""torch.compile under `watchdog run` at the settings a user gets, with caches as cold as a fresh
+node's (a TMPDIR and TORCHINDUCTOR_CACHE_DIR of each test's own): compiling is work, never a hang,
+whether at the first step, at an evaluation pass or at a new shape mid-training, and a rank that
+blocks after a recompile is still named once the floor passes (real torchrun, gloo, inductor
+with gcc, py-spy). tests/jobs/compiled.py is the job; tests/unit/test_compiling.py has the
+stacks of such ranks as the coordinator judges them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
+    FLOOR_S,
+    assert_called_at,
+    fault_time,
+    stored,
+)
+
+COMPILED = str(Path(__file__).parents[1] / "jobs" / "compiled.py")
+DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
+
+
+def cold_caches(tmp_path: Path) -> dict[str, str]:
+    """A fresh node: inductor's caches and the temporary directory its builds go to, empty."""
+    tmp, cache = tmp_path / "tmp", tmp_path / "inductor"
+    tmp.mkdir()
+    cache.mkdir()
+    return {"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+
+
+def test_a_compiled_job_that_recompiles_mid_training_is_never_killed(
+        watch: Any, tmp_path: Path) -> None:
+    """The first step compiles, an evaluation at step 8 and short batches from step 16 each
+    compile again: the job trains to its end."""
+    run = watch(script=COMPILED, watchdog_args=DEFAULTS, env=cold_caches(tmp_path))
+    assert run.returncode == 0, run.output
+    assert "finished 30 steps" in run.output
+    assert run.incident is None
+    assert [i for i in stored(tmp_path) if i["severity"] == "hang"] == []
+
+
+def test_a_rank_that_blocks_after_a_recompile_is_named_at_the_floor(
+        watch: Any, tmp_path: Path) -> None:
+    """The same job; rank 2 blocks reading its batch at step 20, after the short batches'
+    compile."""
+    run = watch("--fault-rank", "2", "--fault-step", "20", script=COMPILED,
+                watchdog_args=DEFAULTS, env=cold_caches(tmp_path))
+    assert run.returncode == EXIT_HANG_KILLED, run.output
+    assert run.incident is not None, run.output
+    assert (run.incident["kind"], run.incident["culprit_ranks"]) == ("MISSING_RANKS", [2])
+    assert run.incident["waiting_ranks"] == [0, 1, 3]
+    assert "read_batch" in run.stack_functions(2)
+    assert_called_at(FLOOR_S, run.incident["detected_at"], fault_time(run.output, "data_stall"))
+    assert all(i["severity"] != "hang" for i in stored(tmp_path)[:-1])
