@@ -4,7 +4,10 @@ that tells a busy rank from a hung one, read on every report without stopping th
 Counters are cumulative; a rank's activity is their rate between the newest reading and the
 oldest one within WINDOW_S, so one GC pause or fsync burst does not decide it. The window is
 short enough to fit inside a stall of 3 s (a common fixed --stall-timeout): the coordinator
-ignores rates whose window reaches back before the stall began.
+ignores rates whose window reaches back before the stall began. Where the rank progressed
+within the window, the window starts at its progress instead (at least MIN_WINDOW_S of
+readings): what the rank does in a quiet spell of a second or two is then known too, which
+tells a short evaluation on every rank (a phase, not the job's pace) from training.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from agent import procfs
 from watchdog.model import NO_ACTIVITY, Activity
 
 WINDOW_S = 3.0
+MIN_WINDOW_S = 0.5  # readings since the rank's last progress, before they are its activity
 RUNNABLE_READINGS = 3  # in the window, before the share found runnable says anything
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -47,18 +51,26 @@ class ActivityWindow:
     def __init__(self) -> None:
         self._readings: deque[Reading] = deque()
 
-    def add(self, reading: Reading, gpu_util: float | None = None) -> Activity:
-        """Record a reading; the activity over the window that ends with it."""
+    def add(self, reading: Reading, gpu_util: float | None = None,
+            progress_at: float = 0.0) -> Activity:
+        """Record a reading; the activity over the window that ends with it, or since
+        `progress_at` (the rank's last progress, by its hook) where that is later and long
+        enough."""
         readings = self._readings
         readings.append(reading)
         while len(readings) > 2 and reading.at - readings[1].at >= WINDOW_S:
             readings.popleft()
-        work = rates(readings[0], reading, gpu_util)
-        if len(readings) < RUNNABLE_READINGS:
+        window = list(readings)
+        if progress_at > readings[0].at:
+            since = [r for r in readings if r.at >= progress_at]
+            if len(since) > 1 and reading.at - since[0].at >= MIN_WINDOW_S:
+                window = since
+        work = rates(window[0], reading, gpu_util)
+        if len(window) < RUNNABLE_READINGS:
             return work
         # The kernel adds a wait to the run delay only once the thread runs again: a thread
         # starved outright shows none. Runnable at most readings while it barely ran, it waited.
-        runnable = sum(r.runnable for r in readings) / len(readings) - work.main_cpu
+        runnable = sum(r.runnable for r in window) / len(window) - work.main_cpu
         return replace(work, main_wait=min(1.0, max(work.main_wait, runnable)))
 
 

@@ -52,8 +52,9 @@ class Worker:
         count one more report toward the few that carry new fingerprints."""
         stat = procfs.read_stat(self.identity.pid, proc) if self.alive else None
         self.proc_state = stat.state if stat is not None else ""
+        progress_at = self.snapshot.progress_at if self.snapshot is not None else 0.0
         self.activity = (self.window.add(activity.read(self.identity.pid, now, stat, proc),
-                                         gpu_util)
+                                         gpu_util, progress_at)
                          if stat is not None and not stat.gone else NO_ACTIVITY)
         if self.snapshot is not None:
             self.carries_fingerprints = self._new_fingerprints(self.snapshot.checks)

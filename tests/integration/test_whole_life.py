@@ -69,6 +69,17 @@ def test_a_stall_after_the_third_evaluation_and_a_checkpoint_is_named_at_the_flo
     assert all(n["kind"] == "RANK_BUSY" for n in notices), notices
 
 
+def test_a_stall_after_short_evaluations_that_recur_is_named_at_the_floor(
+        watch: Any, tmp_path: Path) -> None:
+    """Every 4 steps every rank evaluates for 5 s, under the floor: six times, then rank 1
+    blocks reading data at step 24, in another place. The evaluations are phases, never the
+    training's pace: 5 x 5 s would have been the threshold."""
+    run = watch("--evaluate-every", "4", "--fault-seconds", "5", "--fault", "data_stall",
+                "--fault-rank", "1", "--fault-step", "24", watchdog_args=DEFAULTS)
+    assert run.output.count("fault evaluation at step") == 6 * 4, run.output
+    assert assert_named_at_the_floor(run, tmp_path) == []
+
+
 def test_a_watchdog_paused_through_a_stall_blames_the_rank_not_its_node(tmp_path: Path) -> None:
     """The watchdog itself stops (SIGSTOP: a paused machine, a starved process) for longer than
     a node may stay silent, while rank 1 blocks; woken, it names rank 1, not its own node."""

@@ -76,6 +76,30 @@ def test_a_hung_thread_caught_runnable_once_is_not_waiting() -> None:
     assert latest.main_wait == 1.0
 
 
+def test_the_window_starts_at_the_ranks_last_progress_once_half_a_second_has_passed() -> None:
+    """Readings every 0.25 s: the rank trained (idle main thread: it waits in collectives) and
+    progressed at 10.0, then computes a whole core (an evaluation). Within the 3 s window the
+    rates would mix both; since its progress they are the evaluation's alone."""
+    window = activity.ActivityWindow()
+    cpu = 0.0
+    for tick in range(48):  # 0 to 11.75 s
+        at = tick / 4
+        cpu += 0.25 if at > 10.0 else 0.0
+        latest = window.add(activity.Reading(at, cpu, 0.0, cpu, None), progress_at=10.0)
+        if at == 10.25:
+            assert latest.window == pytest.approx(3.0)  # too short since: the whole window
+    assert latest.window == pytest.approx(1.75)
+    assert latest.main_cpu == pytest.approx(1.0)
+    # The same readings without a later progress: the whole window, a mix.
+    mixed = activity.ActivityWindow()
+    for tick in range(48):
+        at = tick / 4
+        latest = mixed.add(activity.Reading(at, min(at - 10.0, 1.75) if at > 10 else 0.0, 0.0,
+                                            0.0, None), progress_at=2.0)
+    assert latest.window == pytest.approx(3.0)
+    assert latest.main_cpu < 0.7
+
+
 def test_this_process_counters_move_when_it_works(tmp_path: Path) -> None:
     pid = os.getpid()
     began = time.time()

@@ -103,6 +103,26 @@ def test_evaluations_every_few_seconds_all_day_still_leave_the_pace_alone() -> N
     assert life.threshold() == POLICY.floor
 
 
+def test_short_evaluations_that_recur_never_enter_the_pace() -> None:
+    """Every 2 s of training, every rank evaluates for 3 s: under the old 4 s look, such
+    spells were the pace (5 x 3 s). The agent measures each rank's activity from its own last
+    progress, a little before the job's last (ranks end a step a moment apart): a look at 1.5 s
+    in sees the evaluation, and the threshold stays at the floor."""
+    life = Life()
+    for _ in range(12):
+        life.train(2.0)
+        began = life.now
+        for _ in range(round(3.0 / TICK)):
+            life.now += TICK
+            since = life.now - began
+            # its readings since its own progress, once they span half a second
+            window = since + 0.1 if since + 0.1 >= 0.5 else 3.0
+            life.report(life.same(activity=dataclasses.replace(COMPUTING, window=window),
+                                  progress_age=since + 0.3))
+    life.train(1.0)
+    assert life.threshold() == POLICY.floor
+
+
 def test_a_slow_read_on_every_step_is_the_rhythm_and_raises_the_threshold() -> None:
     """Ranks idle outside any collective (a slow filesystem): not a phase, so it is the pace,
     once it came back three times (one long gap alone is an event)."""

@@ -25,8 +25,10 @@ MAX_DUPLICATES = 1024
 PACED_STEPS = 3  # a hook's own gaps count once its rank finished this many steps
 LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expected to take this x S
 # A quiet spell is looked at, to tell a phase from training, once the agents' activity rates
-# (over 3 s: agent/activity.py) fit inside it, and then at most once a second.
-PHASE_LOOK_AFTER_S = 4.0
+# can fit inside it (a rank's rates run from its last progress once they span half a second:
+# agent/activity.py), and then at most once a second: a 2 s evaluation is a phase too, and any
+# spell long enough to raise the threshold above the floor (floor / k: 2 s) gets looked at.
+PHASE_LOOK_AFTER_S = 1.5
 PHASE_LOOK_EVERY_S = 1.0
 
 
@@ -227,14 +229,16 @@ class JobView:
         steps of training: a rank is inside a declared phase, or no live rank is idle outside a
         collective and some rank works outside one (an evaluation on every rank; one rank's
         checkpoint while the others wait for it). A rank idle outside any collective may be
-        the rhythm itself (a slow read every step), so it keeps the spell in the pace."""
+        the rhythm itself (a slow read every step), so it keeps the spell in the pace. A rank's
+        activity counts over its own quiet time: the agent measures it from the rank's last
+        progress, which may precede the job's last by a moment."""
         if any(in_open_phase(self.ranks[r]) for r in self._in_phase):
             return True
         working = False
         for rank in self.ranks.values():
             if not rank.alive or any(progress.pending for progress in rank.groups):
                 continue
-            if not progress_sign(rank, None, quiet):
+            if not progress_sign(rank, None, max(quiet, rank.progress_age or 0.0)):
                 return False
             working = True
         return working
