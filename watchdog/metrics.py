@@ -47,6 +47,9 @@ STALLS = Counter("stalls", "Diagnoses started: a job stalled, or one of its rank
                  namespace=NAMESPACE, registry=REGISTRY)
 INCIDENTS = Counter("incidents", "Incidents stored and announced, by kind and severity",
                     ["kind", "severity"], namespace=NAMESPACE, registry=REGISTRY)
+VERDICTS_RESUMED = Counter(
+    "verdicts_resumed", "Hang verdicts the job contradicted: it made progress again with nobody "
+    "acting on the verdict (the watchdog's false alarms)", namespace=NAMESPACE, registry=REGISTRY)
 VERDICT_SECONDS = Histogram(
     "verdict_latency_seconds",
     "From the start of a diagnosis to its stored incident (stacks, verdict, storage)",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
+from watchdog import metrics
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.collection import FULL_EVERY, sparing_full_collections
@@ -131,23 +132,63 @@ def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: 
     assert json.loads(text) == told  # the same row, its text replaced
 
 
-def test_a_hang_that_ends_is_not_a_notice_that_ended(tmp_path: Path) -> None:
+def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
+        tmp_path: Path) -> None:
+    """Progress after a hang verdict nobody acted on: the watchdog was wrong, and says so
+    (`resumed_at`, not a notice's `ended_at`), in place in the store, on its counter and to
+    the listeners of ends (`watchdog run` prints it)."""
     hub = coordinator(tmp_path, fixed=5.0)
     ended: list[tuple[dict[str, Any], float]] = []
     hub.ended_listeners.append(lambda incident, lasted: ended.append((incident, lasted)))
     stuck = [rank(r, entered(57, 3.0)) for r in range(4)]
+    hang = {"id": "h1", "job_id": JOB, "detected_at": T0 + 6.0, "kind": "ALL_IN_COLLECTIVE",
+            "severity": "hang", "culprit_ranks": []}
+    hub.store.add(hang)
+    before = metrics.VERDICTS_RESUMED._value.get()
 
     async def scenario() -> None:
         hub.ingest(report("node-a", *stuck), T0)
         hub.evaluate_all(T0)
-        job = hub.jobs[JOB]
-        job.told({"id": "h1", "detected_at": T0 + 6.0, "kind": "ALL_IN_COLLECTIVE",
-                  "severity": "hang"})
-        hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 + 9)
+        hub.jobs[JOB].told(hang)
+        hub.jobs[JOB].hung_before = True
+        moved = [dataclasses.replace(s, events=s.events + 1) for s in stuck]
+        hub.ingest(report("node-a", *moved), T0 + 9)
         await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
+        await hub.saver.close()
 
     asyncio.run(scenario())
-    assert ended == [] and "ended_at" not in (hub.jobs[JOB].incident or {})
+    ((told, lasted),) = ended
+    assert told == {**hang, "resumed_at": T0 + 9.0} and lasted == 9.0
+    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
+    assert json.loads(text) == told
+    assert metrics.VERDICTS_RESUMED._value.get() == before + 1
+    job = hub.jobs[JOB]
+    assert job.incident == told and not job.hung and not job.hung_before
+
+
+def test_a_hang_let_go_or_an_exit_is_never_marked_resumed(tmp_path: Path) -> None:
+    """An end asked for (`--on-hang kill`, Ctrl-C) moves the count as the ranks shut down; an
+    exit is no claim that progress can contradict."""
+    for kind, let_go in (("MISSING_RANKS", True), ("RANK_EXITED", False)):
+        hub = coordinator(tmp_path / kind, fixed=5.0)
+        ended: list[tuple[dict[str, Any], float]] = []
+        hub.ended_listeners.append(lambda incident, lasted, e=ended: e.append((incident, lasted)))
+        stuck = [rank(r, entered(57, 3.0)) for r in range(4)]
+
+        async def scenario(hub: Coordinator = hub, stuck: list[RankState] = stuck,
+                           kind: str = kind, let_go: bool = let_go) -> None:
+            hub.ingest(report("node-a", *stuck), T0)
+            hub.evaluate_all(T0)
+            hub.jobs[JOB].told({"id": "h1", "job_id": JOB, "detected_at": T0 + 6.0,
+                                "kind": kind, "severity": "hang", "culprit_ranks": [1]})
+            if let_go:
+                hub.let_go(JOB)
+            moved = [dataclasses.replace(s, events=s.events + 1) for s in stuck]
+            hub.ingest(report("node-a", *moved), T0 + 9)
+            await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
+
+        asyncio.run(scenario())
+        assert ended == [] and "resumed_at" not in (hub.jobs[JOB].incident or {}), kind
 
 
 def test_a_job_let_go_after_its_hang_is_judged_no_more(tmp_path: Path) -> None:

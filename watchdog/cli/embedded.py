@@ -112,8 +112,11 @@ class _Run:
             self.killed_for = self.killed_for or incident
             self.hang.set()
 
-    def on_ended(self, notice: dict[str, Any], lasted: float) -> None:
-        self.out.write(moved_on_text(notice, lasted) + "\n")
+    def on_ended(self, incident: dict[str, Any], lasted: float) -> None:
+        """A notice ended, or a hang the job contradicted: said, and counted as it now is."""
+        self.incidents = [incident if seen["id"] == incident["id"] else seen
+                          for seen in self.incidents]
+        self.out.write(moved_on_text(incident, lasted) + "\n")
         self.out.flush()
 
     def _write_html(self, path: str, incident: dict[str, Any]) -> None:

@@ -80,8 +80,10 @@ def _incidents_text(incidents: Sequence[Mapping[str, Any]], db_path: str) -> str
     if not incidents:
         return "no incident"
     hangs = sum(1 for incident in incidents if is_hang(incident))
+    resumed = sum(1 for incident in incidents if "resumed_at" in incident)
     counted = f"{len(incidents)} incident{'s' if len(incidents) > 1 else ''}"
-    kinds = f" ({hangs} hang{'s' if hangs > 1 else ''})" if hangs else ""
+    contradicted = f", {resumed} of them contradicted by the job" if resumed else ""
+    kinds = f" ({hangs} hang{'s' if hangs > 1 else ''}{contradicted})" if hangs else ""
     latest = printable(str(incidents[-1]["id"]))
     return (f"{counted}{kinds}, stored in {db_path}: `watchdog incidents show {latest}` shows "
             "the latest")

@@ -45,6 +45,8 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
         ended = incident.get("ended_at")
         moved_on = f"; moved on at {clock(ended)}" if isinstance(ended, int | float) else ""
         heading += f" ({severity}: the job is not hung{moved_on})"
+    elif isinstance(resumed := incident.get("resumed_at"), int | float):
+        heading += f" (the job moved on at {clock(resumed)}: it was not hung after all)"
     lines = [
         _paint(heading, _BOLD + (_ALARM if severity == Severity.HANG else _CAUTION), color),
         _paint(incident["summary"], _BOLD, color),
@@ -85,10 +87,19 @@ def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
         return "no incidents"
     rows = [("ID", "DETECTED", "JOB", "KIND", "SUMMARY")] + [
         (i["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i["detected_at"])),
-         i["job_id"], i["kind"], i["summary"]) for i in printable_tree(incidents)]
+         i["job_id"], _kind_cell(i), i["summary"]) for i in printable_tree(incidents)]
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
                                 row[4]]) for row in rows)
+
+
+def _kind_cell(incident: Mapping[str, Any]) -> str:
+    """'MISSING_RANKS', or 'MISSING_RANKS (resumed after 14 s)' for a hang the job
+    contradicted: the list shows the watchdog's false alarms."""
+    resumed = incident.get("resumed_at")
+    if not isinstance(resumed, int | float):
+        return str(incident["kind"])
+    return f"{incident['kind']} (resumed after {resumed - incident['detected_at']:.0f} s)"
 
 
 def rank_table(

@@ -94,10 +94,17 @@ def watching_text(seen: Sighting) -> str:
             f"{seen.world_size} ranks report")
 
 
-def moved_on_text(notice: Mapping[str, Any], lasted: float) -> str:
-    """'rank 0 moved on after 41 s (RANK_BUSY notice 3f2a...)': a notice's rank went on."""
-    return (f"watchdog: {ranks_text(notice['culprit_ranks'])} moved on after {lasted:.0f} s "
-            f"({printable(notice['kind'])} notice {printable(notice['id'])})")
+def moved_on_text(incident: Mapping[str, Any], lasted: float) -> str:
+    """'rank 0 moved on after 41 s (RANK_BUSY notice 3f2a...)': a notice's rank went on; or the
+    job went on after a hang verdict, which it thereby contradicted."""
+    ident, kind = printable(incident["id"]), printable(incident["kind"])
+    if "resumed_at" in incident:
+        after = incident["resumed_at"] - incident["detected_at"]
+        return (f"watchdog: the job moved on {after:.0f} s after hang incident {ident} ({kind}), "
+                f"with nobody acting on it: it was not hung after all (quiet for {lasted:.0f} s "
+                "in all; the incident now records resumed_at)")
+    return (f"watchdog: {ranks_text(incident['culprit_ranks'])} moved on after {lasted:.0f} s "
+            f"({kind} notice {ident})")
 
 
 def partly_text(seen: Sighting, waited: float, processes: Sequence[Process]) -> str:

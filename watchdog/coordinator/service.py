@@ -61,7 +61,8 @@ MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten firs
 SWEEP_S = 5.0
 
 IncidentListener = Callable[[dict[str, Any]], None]
-# A notice that ended (with `ended_at`), and how long its stall lasted, in seconds.
+# A notice that ended (with `ended_at`) or a hang the job contradicted (with `resumed_at`), and
+# how long its stall lasted, in seconds.
 EndedListener = Callable[[dict[str, Any], float], None]
 JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
 
@@ -258,17 +259,29 @@ class Coordinator:
 
     def _observe(self, job: JobView, now: float) -> asyncio.Task[None] | None:
         """Bring the job's progress up to `now`. Progress ends an open notice (its rank moved
-        on): the notice gains `ended_at`, stored and told in the task returned."""
+        on: the notice gains `ended_at`), and contradicts an open hang verdict that nobody
+        acted on (it gains `resumed_at`: the watchdog's own record of being wrong); either is
+        stored again and told in the task returned."""
         said = job.incident if job.incident is not None and job.incident_open else None
         began = now - job.tracker.stalled_for(now)
         job.observe(now)
-        if said is None or said["severity"] != Severity.NOTICE or job.incident_open:
+        if said is None or job.incident_open:
             return None
-        # Dated by the hooks' own stamp of the progress where they have one; a notice said just
-        # after its rank moved on ends when it was said, not before.
-        ended_at = max(now - job.tracker.stalled_for(now), said["detected_at"])
-        job.incident = ended = {**said, "ended_at": ended_at}
-        return asyncio.create_task(self._notice_ended(ended, ended_at - began))
+        # Dated by the hooks' own stamp of the progress where they have one; an incident said
+        # just after its ranks moved on ends when it was said, not before.
+        moved_at = max(now - job.tracker.stalled_for(now), said["detected_at"])
+        if said["severity"] == Severity.NOTICE:
+            job.incident = ended = {**said, "ended_at": moved_at}
+            return asyncio.create_task(self._moved_on(ended, moved_at - began))
+        if said["kind"] == Kind.RANK_EXITED or job.let_go:
+            return None  # an exit is no claim progress can contradict; an end was asked for
+        job.incident = resumed = {**said, "resumed_at": moved_at}
+        job.hung_before = False
+        metrics.VERDICTS_RESUMED.inc()
+        log.warning("job %s made progress %.0f s after hang incident %s (%s) with nobody acting "
+                    "on it: the verdict was wrong", printable(job.job_id),
+                    moved_at - said["detected_at"], said["id"], said["kind"])
+        return asyncio.create_task(self._moved_on(resumed, moved_at - began))
 
     async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool,
                         early: bool = False) -> None:
@@ -337,15 +350,16 @@ class Coordinator:
         for listener in self.listeners:
             listener(incident)
 
-    async def _notice_ended(self, ended: dict[str, Any], lasted: float) -> None:
-        """Store the notice again, now with `ended_at`, then tell the listeners of ends."""
+    async def _moved_on(self, incident: dict[str, Any], lasted: float) -> None:
+        """Store the incident again, now with `ended_at` (a notice) or `resumed_at` (a hang the
+        job contradicted), then tell the listeners of ends how long its stall lasted."""
         try:
-            await self._store(ended)
-            log.info("incident %s ended: the job moved on after %.0f s", ended["id"], lasted)
+            await self._store(incident)
+            log.info("incident %s ended: the job moved on after %.0f s", incident["id"], lasted)
             for listener in self.ended_listeners:
-                listener(ended, lasted)
+                listener(incident, lasted)
         except Exception:
-            log.exception("recording the end of incident %s failed", ended["id"])
+            log.exception("recording the end of incident %s failed", incident["id"])
 
     async def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict,
                       now: float) -> None:

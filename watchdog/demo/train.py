@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker
 
 FAULTS = ("none", "data_stall", "lock", "barrier", "early_exit", "subgroup", "slow_steps",
           "nccl_peer_closed", "lock_after_backward", "evaluate_all", "livelock", "init_stall",
-          "crash", "killed", "pre_ddp_stall", "worker_stall")
+          "crash", "killed", "pre_ddp_stall", "worker_stall", "slow_read")
 EVERY_RANK = ("subgroup", "evaluate_all")  # faults every rank of the job takes part in
 # Setup mistakes that never hang: rank 0 loads other weights after wrapping; no
 # DistributedSampler; no DDP; no set_epoch; the model cast to float64 after wrapping.
@@ -42,23 +42,28 @@ class Progress:
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     first_step = 0  # the step the current epoch starts at: each epoch's workers fork with it
 
-    def __init__(self, size: int, stall_from_step: int | None) -> None:
+    def __init__(self, size: int, stall_from_step: int | None,
+                 stall_seconds: float | None = None) -> None:
         self.size = size
         self.stall_from_step = stall_from_step
+        self.stall_seconds = stall_seconds  # None: the read never returns
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.stall_from_step is not None and Progress.step >= self.stall_from_step:
-            read_sample_from_storage(index)
+            read_sample_from_storage(index, self.stall_seconds)
+            if self.stall_seconds is not None:
+                self.stall_from_step = None  # slow once, then the filesystem came back
         return torch.full((8,), float(index % 7)), torch.ones(1)
 
 
-def read_sample_from_storage(index: int) -> None:
-    """Stands for a read from a network filesystem that never returns."""
-    announce("data_stall")
-    time.sleep(3600)
+def read_sample_from_storage(index: int, seconds: float | None = None) -> None:
+    """Stands for a read from a network filesystem that never returns (data_stall), or that
+    returns after `seconds` (slow_read)."""
+    announce("data_stall" if seconds is None else "slow_read")
+    time.sleep(3600 if seconds is None else seconds)
 
 
 class StallingWorkerSamples(Samples):
@@ -217,7 +222,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
     parser.add_argument("--fault-seconds", type=float, default=30.0,
-                        help="how long evaluate_all and --checkpoint-at take")
+                        help="how long evaluate_all, slow_read and --checkpoint-at take")
     parser.add_argument("--checkpoint-at", type=int, default=-1, metavar="STEP",
                         help="at STEP, the --checkpoint-rank writes a checkpoint for "
                              "--fault-seconds while the others wait in a barrier (besides any "
@@ -320,10 +325,11 @@ def main(argv: list[str], rank: int = -1, world_size: int = -1, init_method: str
     rank, world = dist.get_rank(), dist.get_world_size()
     write_nccl_debug_lines(int(os.environ.get("LOCAL_RANK", "0")), peer_closed=False)
     subgroup = dist.new_group([0, 1]) if args.fault == "subgroup" else None
-    stall = args.fault == "data_stall" and rank == args.fault_rank
+    stall = args.fault in ("data_stall", "slow_read") and rank == args.fault_rank
     dataset = (StallingWorkerSamples(64 * world, args.fault_step, BATCH_SIZE)
                if args.fault == "worker_stall" and rank == args.fault_rank
-               else Samples(64 * world, args.fault_step if stall else None))
+               else Samples(64 * world, args.fault_step if stall else None,
+                            args.fault_seconds if args.fault == "slow_read" else None))
     sampler = None if "no_sampler" in args.mistake else DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler,
                         num_workers=args.num_workers)
