@@ -378,3 +378,8 @@ class JobSnapshot:
     # incident's table ask the same 131,072 ranks the same questions (`view.rank_evidence`).
     # Not an init field: `dataclasses.replace` gives the copy a cache of its own.
     derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    @property
+    def attempt(self) -> int:
+        """Which of the launcher's attempts the job is: torchrun's restart count, 0 first."""
+        return max((r.attempt for r in self.ranks), default=0)

@@ -90,15 +90,20 @@ def test_barrier_only_one_rank_reaches(watch) -> None:
 
 @pytest.mark.parametrize("exit_code", [0, 3])
 def test_rank_leaves_early_with_its_exit_code(watch, exit_code: int) -> None:
+    """Its peers raise when their connection drops (gloo), and torchrun ends the job: the
+    watchdog, under --on-hang kill, ends nothing (an exit is the launcher's to handle)."""
     run = watch("--fault", "early_exit", "--fault-rank", "3", "--fault-step", "3",
                 "--exit-code", str(exit_code))
-    assert run.returncode != 0, run.output  # the peers crash when their connection drops
+    assert run.returncode not in (0, EXIT_HANG_KILLED), run.output
     assert run.incident is not None, run.output
     assert run.incident["kind"] == "RANK_EXITED"
     assert run.incident["culprit_ranks"] == [3]
     assert run.rank(3)["exit_code"] == exit_code
     assert f"exit code {exit_code}, clean shutdown" in run.incident["summary"]
     assert_collective(run, "0", "all_reduce", [0, 1, 2, 3])
+    assert "watchdog: ending" not in run.output
+    assert (f"; rank 3 exited with code {exit_code} (RANK_EXITED); the watchdog ended nothing; "
+            "1 incident (1 exit)") in run.output.rstrip().splitlines()[-1], run.output
 
 
 def test_subgroup_collective_one_member_never_reaches(watch) -> None:

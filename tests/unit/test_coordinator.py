@@ -18,10 +18,11 @@ from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
 from watchdog import metrics
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
+from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.collection import FULL_EVERY, sparing_full_collections
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
-from watchdog.model import NodeReport, RankState
+from watchdog.model import EVERY_JOB, NodeReport, RankState
 
 
 def coordinator(tmp_path: Path, **policy: float) -> Coordinator:
@@ -90,6 +91,14 @@ def test_a_stalled_job_is_diagnosed_once_its_threshold_passed(tmp_path: Path) ->
     assert asyncio.run(scenario()) == [0, 0, 1]
     incident = hub.jobs[stuck[0].job_id].incident
     assert incident is not None and incident["culprit_ranks"] == [1]
+
+
+def test_status_says_which_attempt_of_the_job_each_one_is(tmp_path: Path) -> None:
+    hub = coordinator(tmp_path)
+    restarted = f"{JOB}/attempt1"
+    hub.ingest(report("node-a", rank(0), rank(0, job_id=restarted, attempt=1)), T0)
+    jobs = json.loads(hub.status_json(EVERY_JOB))["jobs"]
+    assert {job["job_id"]: job["attempt"] for job in jobs} == {JOB: 0, restarted: 1}
 
 
 def test_a_restarted_coordinator_finds_the_hang_it_already_stored(tmp_path: Path) -> None:
@@ -218,6 +227,35 @@ def test_a_job_let_go_after_its_hang_is_judged_no_more(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert told == []
+
+
+def test_a_job_still_hung_after_an_exit_is_told_once_and_never_when_let_go(
+        tmp_path: Path) -> None:
+    """Rank 2 exits 0 at T0 + 5 while its peers wait: told once, a threshold (10 s) after the
+    exit; a job the watchdog itself ends is told nothing."""
+    hub = coordinator(tmp_path)
+    still: list[StillHung] = []
+    hub.still_hung_listeners.append(still.append)
+    ranks = [*(rank(r, entered(57, 3.0)) for r in (0, 1, 3)),
+             exited(rank(2, done(56, 2.0)), at=5.0, code=0, clean=True)]
+    exit_incident = {"id": "e1", "job_id": JOB, "kind": "RANK_EXITED", "severity": "hang",
+                     "culprit_ranks": [2]}
+
+    async def scenario(job_id: str, let_go: bool = False) -> None:
+        hub.ingest(report("node-a", *(dataclasses.replace(r, job_id=job_id) for r in ranks)),
+                   T0 + 5.0)
+        hub.jobs[job_id].told({**exit_incident, "job_id": job_id})
+        if let_go:
+            hub.let_go(job_id)
+        for at in (5.0, 14.9, 15.1, 20.0):
+            await asyncio.gather(*hub.evaluate_all(T0 + at))
+
+    asyncio.run(scenario(JOB))
+    ((told,),) = [still]
+    assert told.incident["id"] == "e1" and told.waiting == (0, 1, 3)
+    assert round(told.waited, 1) == 10.1
+    asyncio.run(scenario("ended", let_go=True))
+    assert len(still) == 1
 
 
 def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> dict[str, Any]:

@@ -3,12 +3,40 @@ running, and the closing line (how the job ended, its incidents, or that nothing
 
 from __future__ import annotations
 
-from tests.helpers.builders import incident
-from watchdog.cli.framing import RunEnd, ended_text, next_steps_text, threshold_text
-from watchdog.coordinator import StallPolicy
+import io
+from pathlib import Path
+from typing import Any
+
+from agent.daemon import Agent
+from tests.helpers.builders import JOB, entered, incident, raised, rank, snapshot
+from watchdog.cli.embedded import RunOptions, _Run
+from watchdog.cli.framing import (
+    Ended,
+    RunEnd,
+    ended_text,
+    ending_text,
+    next_steps_text,
+    threshold_text,
+)
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.verdict import decide
 
 DB = "/home/you/.local/state/torch-hang-watchdog/incidents.db"
 NOTICE = {**incident(), "id": "b0b0b0b0b0b0", "kind": "RANK_BUSY", "severity": "notice"}
+
+
+def exit_incident() -> dict[str, Any]:
+    """Rank 2 raised ValueError while ranks 0, 1 and 3 wait in all_reduce #57."""
+    job = snapshot(*(rank(r, entered(57, 3.0)) for r in (0, 1, 3)), raised(2, at=4.0))
+    verdict = decide(job)
+    assert verdict is not None
+    return build_incident(job, verdict, "e0e0e0e0e0e0", job.now)
+
+
+EXITED = exit_incident()
+STILL = StillHung(EXITED, 10.2, (0, 1, 3))
 
 
 def test_the_threshold_in_force() -> None:
@@ -32,7 +60,7 @@ def test_the_closing_line_says_how_the_job_ended_and_what_was_seen() -> None:
     assert ended_text(RunEnd(1, 12, [NOTICE, hang], DB, watched=True)) == (
         "watchdog: the job ended after 12 s with exit code 1; 2 incidents (1 hang), stored in "
         f"{DB}: `watchdog incidents show 9c1e04d2b7aa` shows the latest")
-    killed = ended_text(RunEnd(3, 20, [hang], DB, watched=True, killed_for=hang))
+    killed = ended_text(RunEnd(3, 20, [hang], DB, watched=True, ended=[Ended("kill", hang)]))
     assert killed.startswith(f"watchdog: ended the hung job after 20 s (exit code 3): "
                              f"{hang['summary']}; 1 incident (1 hang)")
     assert ended_text(RunEnd(130, 5, [], DB, watched=True, interrupted=True)) == (
@@ -56,3 +84,67 @@ def test_a_job_that_failed_with_no_incident_is_pointed_at_its_own_output() -> No
     assert ended_text(RunEnd(1, 30, [], DB, watched=True, distributed=True)).startswith(
         "watchdog: the job ended after 30 s with exit code 1; no incident: the cause is in its "
         "output above")
+
+
+def test_an_exit_the_launcher_ended_is_said_to_be_no_end_of_the_watchdog() -> None:
+    assert ended_text(RunEnd(1, 7, [EXITED], DB, watched=True)).startswith(
+        "watchdog: the job ended after 7 s with exit code 1; rank 2 raised ValueError "
+        "(RANK_EXITED); the watchdog ended nothing; 1 incident (1 exit), stored in ")
+
+
+def test_an_exit_whose_peers_still_wait_is_ended_in_words_of_what_happened() -> None:
+    ended = Ended("kill", EXITED, STILL)
+    assert ending_text(ended, "the job") == (
+        "watchdog: ranks 0,1,3 still wait 10 s after rank 2 exited, and the launcher did not "
+        "end them: ending the job (--on-hang kill)")
+    assert ending_text(Ended("kill", incident()), "the hung job") == (
+        "watchdog: ending the hung job (--on-hang kill)")
+    closing = ended_text(RunEnd(3, 75, [EXITED], DB, watched=True, ended=[ended]))
+    assert closing.startswith(
+        "watchdog: ended the job after 75 s (exit code 3): ranks 0,1,3 still waited 10 s after "
+        f"rank 2 exited, and the launcher did not end them; {EXITED['summary']}; 1 incident "
+        "(1 exit), stored in ")
+    assert "hung" not in closing
+    advice = next_steps_text(EXITED, DB, STILL)
+    assert advice.startswith(
+        "watchdog: ranks 0,1,3 still wait 10 s after rank 2 exited, and the launcher did not end "
+        f"them; incident e0e0e0e0e0e0 (RANK_EXITED) is stored in {DB}. The job is still hung: ")
+
+
+def test_the_closing_line_tells_each_attempt_torchrun_ran() -> None:
+    hang = {**incident(), "job_id": f"{JOB}/attempt1", "attempt": 1}
+    killed = ended_text(RunEnd(3, 95, [EXITED, hang], DB, watched=True,
+                               ended=[Ended("kill", hang)], attempts=2))
+    assert killed.startswith(
+        f"watchdog: ended the hung job after 95 s (exit code 3): {hang['summary']}; 2 attempts: "
+        "attempt 0 ended when rank 2 raised ValueError (RANK_EXITED, torchrun restarted it); "
+        "attempt 1 hung (MISSING_RANKS) and was ended by the watchdog (--on-hang kill); "
+        "2 incidents (1 exit, 1 hang), stored in ")
+    # --on-hang restart: attempt 1's peers still wait after its exit, attempt 2 hangs
+    second = {**EXITED, "attempt": 1}
+    third = {**hang, "attempt": 2}
+    restarted = ended_text(RunEnd(1, 60, [EXITED, second, third], DB, watched=True, attempts=3,
+                                  ended=[Ended("restart", second, STILL),
+                                         Ended("restart", third)]))
+    assert restarted.startswith(
+        "watchdog: the job ended after 60 s with exit code 1; 3 attempts: attempt 0 ended when "
+        "rank 2 raised ValueError (RANK_EXITED, torchrun restarted it); attempt 1: rank 2 raised "
+        "ValueError (RANK_EXITED), ranks 0,1,3 still waited 10 s later and were ended by the "
+        "watchdog (--on-hang restart, torchrun restarted it); attempt 2 hung (MISSING_RANKS) and "
+        "was ended by the watchdog (--on-hang restart); 3 incidents (2 exits, 1 hang)"), restarted
+    alone = ended_text(RunEnd(1, 30, [incident()], DB, watched=True,
+                              ended=[Ended("restart", incident())]))
+    assert alone.startswith(  # torchrun had no restart left
+        "watchdog: the job ended after 30 s with exit code 1; 1 attempt: attempt 0 hung "
+        "(MISSING_RANKS) and was ended by the watchdog (--on-hang restart); 1 incident (1 hang)")
+
+
+def test_run_acts_on_an_exit_only_once_its_peers_still_wait(tmp_path: Path) -> None:
+    out = io.StringIO()
+    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy())
+    run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill"), out,
+               Agent(None, str(tmp_path), "node"), hub)
+    run.on_incident(EXITED)
+    assert not run.kill.is_set() and run.ended == []  # the launcher's to handle
+    run.on_still_hung(STILL)
+    assert run.kill.is_set() and run.killed == Ended("kill", EXITED, STILL)

@@ -237,5 +237,5 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
                              report_html=str(tmp_path / "no" / "such" / "dir.html")), out,
                   agent, hub)
     broken.on_incident(incident())
-    assert broken.hang.is_set()  # --on-hang still acts
+    assert broken.kill.is_set()  # --on-hang still acts
     assert "cannot write the HTML report" in out.getvalue()

@@ -31,13 +31,21 @@ from watchdog import env as _env
 from watchdog import metrics
 from watchdog.atomic import write_atomically
 from watchdog.cli.discover import claim_run_socket, own_runtime_dir
-from watchdog.cli.framing import RunEnd, ended_text, next_steps_text
+from watchdog.cli.framing import Ended, RunEnd, ended_text, ending_text, next_steps_text
 from watchdog.cli.inject import cannot_run, check_command, hook_env, new_job_id
 from watchdog.cli.render import render_incident
-from watchdog.cli.seen import moved_on_text, reached_distributed, say_what_it_sees, sighting
+from watchdog.cli.seen import (
+    attempts_seen,
+    moved_on_text,
+    reached_distributed,
+    say_what_it_sees,
+    sighting,
+)
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
+from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
+from watchdog.model import Kind
 from watchdog.report import write_html
 from watchdog.transport import start_server
 
@@ -75,11 +83,12 @@ class _Run:
         self.agent = agent
         self.coordinator = coordinator
         self.incidents: list[dict[str, Any]] = []
-        self.hang = asyncio.Event()
+        self.kill = asyncio.Event()  # --on-hang kill: end the job
         self.reported = False  # the first hang went to --report and --report-html
+        self.advised = False  # what to do next was said (--on-hang report)
         self.restarts: set[asyncio.Task[None]] = set()
         self.interrupted = False  # the user's Ctrl-C went to the job
-        self.killed_for: dict[str, Any] | None = None  # the hang that --on-hang kill ended
+        self.ended: list[Ended] = []  # what --on-hang kill or restart ended, in order
 
     def stop_judging(self, sig: int) -> None:
         """The user ends the job (a signal we passed on): its ranks' exits, KeyboardInterrupt
@@ -89,28 +98,51 @@ class _Run:
             self.coordinator.let_go(job_id)
 
     def on_incident(self, incident: dict[str, Any]) -> None:
-        """Every incident is printed once; only a hang is the report, and only a hang ends the
-        job (`kill`) or the attempt that hung (`restart`)."""
+        """Every incident is printed once; only a hang (RANK_EXITED included) is the report,
+        and only a hang ends the job (`kill`) or the attempt that hung (`restart`): a rank's
+        exit is the launcher's to handle, acted on only if its peers still wait
+        (`on_still_hung`)."""
         self.incidents.append(incident)
         self.out.write(render_incident(incident, color=self.options.color) + "\n")
         self.out.flush()
         if not is_hang(incident):
             return
-        if self.options.on_hang == "restart":
-            self._end_attempt(incident["job_id"])
         if not self.reported:
             self.reported = True
             if self.options.report_path:
                 write_report(self.options.report_path, incident)
             if self.options.report_html:
                 self._write_html(self.options.report_html, incident)
-            if self.options.framed and self.options.on_hang == "report":
-                self.out.write(next_steps_text(incident, self.options.db_path) + "\n")
+        if incident["kind"] != Kind.RANK_EXITED:
+            self._act(incident)
+
+    def on_still_hung(self, still: StillHung) -> None:
+        """An exit's peers still wait a threshold later, and the launcher did not end them:
+        the job is hung, and --on-hang acts as on a hang."""
+        self._act(still.incident, still)
+
+    def _act(self, incident: Mapping[str, Any], still: StillHung | None = None) -> None:
+        """What --on-hang does for a hang, or for an exit whose peers `still` wait."""
+        if self.options.on_hang == "report":
+            if self.options.framed and not self.advised:
+                self.advised = True
+                self.out.write(next_steps_text(incident, self.options.db_path, still) + "\n")
                 self.out.flush()
-        if self.options.on_hang == "kill":
-            self.coordinator.let_go(incident["job_id"])
-            self.killed_for = self.killed_for or incident
-            self.hang.set()
+            return
+        ended = Ended(self.options.on_hang, incident, still)
+        self.ended.append(ended)
+        # What follows is that end, judged no more: the ranks' shutdown is no progress that
+        # contradicts the verdict, and their exits no new incident.
+        self.coordinator.let_go(incident["job_id"])
+        if ended.action == "restart":
+            self._end_attempt(ended)
+        else:
+            self.kill.set()
+
+    @property
+    def killed(self) -> Ended | None:
+        """What --on-hang kill ended the job for, if it did."""
+        return next((e for e in self.ended if e.action == "kill"), None)
 
     def on_ended(self, incident: dict[str, Any], lasted: float) -> None:
         """A notice ended, or a hang the job contradicted: said, and counted as it now is."""
@@ -127,13 +159,14 @@ class _Run:
             log.debug("writing %s failed", path, exc_info=True)
             self.out.write(f"watchdog: cannot write the HTML report to {path}: {e}\n")
 
-    def _end_attempt(self, job_id: str) -> None:
+    def _end_attempt(self, ended: Ended) -> None:
         """End the workers of the attempt that hung, and not torchrun, which then starts the
         next attempt while it has restarts left (--max-restarts), or fails the job."""
+        job_id = ended.incident["job_id"]
         workers = [w for w in self.agent.table.workers()
                    if w.alive and w.identity.job_id == job_id]
-        self.out.write(f"watchdog: ending the {len(workers)} workers of {job_id} so that "
-                       "torchrun restarts them (--on-hang restart)\n")
+        what = f"the {len(workers)} workers of {job_id} so that torchrun restarts them"
+        self.out.write(ending_text(ended, what) + "\n")
         self.out.flush()
         task = asyncio.get_running_loop().create_task(_end_workers(workers))
         self.restarts.add(task)
@@ -163,6 +196,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
     state = _Run(options, out, agent, coordinator)
     coordinator.listeners.append(state.on_incident)
     coordinator.ended_listeners.append(state.on_ended)
+    coordinator.still_hung_listeners.append(state.on_still_hung)
     if incidents is not None:
         coordinator.listeners.append(incidents.append)
     stop = asyncio.Event()
@@ -196,7 +230,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
             out.write(ended_text(RunEnd(
                 code, time.monotonic() - started, state.incidents, options.db_path,
                 sighting(jobs) is not None, reached_distributed(jobs), state.interrupted,
-                state.killed_for)) + "\n")
+                state.ended, attempts_seen(jobs))) + "\n")
         return code
     finally:
         stop.set()
@@ -248,14 +282,16 @@ async def _end_workers(workers: list[Worker]) -> None:
 async def _wait_job(proc: asyncio.subprocess.Process, state: _Run,
                     live_workers: Callable[[], list[Worker]]) -> int:
     exited = asyncio.create_task(proc.wait())
-    hang = asyncio.create_task(state.hang.wait())
-    await asyncio.wait({exited, hang}, return_when=asyncio.FIRST_COMPLETED,
+    kill = asyncio.create_task(state.kill.wait())
+    await asyncio.wait({exited, kill}, return_when=asyncio.FIRST_COMPLETED,
                        timeout=state.options.time_limit)
-    hang.cancel()
+    kill.cancel()
     if not exited.done():
-        why = ("hung job (--on-hang kill)" if state.hang.is_set() else
-               f"job, still running after {state.options.time_limit:.0f} s")
-        state.out.write(f"watchdog: ending the {why}\n")
+        killed = state.killed
+        state.out.write((
+            f"watchdog: ending the job, still running after {state.options.time_limit:.0f} s"
+            if killed is None else
+            ending_text(killed, "the job" if killed.still is not None else "the hung job")) + "\n")
         await _kill_job(proc, exited, live_workers())
         return ExitCode.HANG_KILLED
     code = exited.result()

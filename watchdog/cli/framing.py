@@ -1,10 +1,14 @@
 """What `watchdog run` says around the job (CLI process): the threshold it watches with, what
-the user can do after a hang it leaves running, and the line that closes the run: how the job
-ended, the incidents seen and where they are stored. Once it ended a hung job, that closing line
-repeats the verdict, below whatever the launcher printed as it died (torchrun's traceback).
+the user can do after a hang it leaves running, what it ends and why, and the line that closes
+the run: how the job ended (each attempt torchrun ran, where it restarted), the incidents seen
+and where they are stored. Once it ended a job, that closing line repeats why, below whatever
+the launcher printed as it died (torchrun's traceback).
 
-An unwatched job must not look like a healthy one: when no rank ever reported, the closing line
-says that nothing was watched; a job that failed with no incident is pointed at its own output.
+"Hung" is said of hangs only: a rank's exit is the launcher's to handle, and the watchdog ends
+a job for one only when its peers still wait a threshold later (`StillHung`); when the launcher
+ended the job, the closing line says that the watchdog ended nothing. An unwatched job must not
+look like a healthy one: when no rank ever reported, the closing line says that nothing was
+watched; a job that failed with no incident is pointed at its own output.
 """
 
 from __future__ import annotations
@@ -13,16 +17,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.jobs import is_hang
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.errors import ExitCode
-from watchdog.text import printable
+from watchdog.model import Kind
+from watchdog.text import printable, ranks_text
 
 NOT_WATCHED = ("a process reports once it is a torch.distributed rank (torchrun's RANK, or "
                "init_process_group) with the hook in it; `watchdog doctor` checks the set-up")
 
 FAILED_EARLY = ("the cause is in its output above (`watchdog explain LOG` reads a saved "
                 "one)")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What `--on-hang` ended (`action`: kill, the job; restart, the attempt's workers) and for
+    what: a hang `incident`, or an exit `incident` whose peers still waited (`still`)."""
+
+    action: str
+    incident: Mapping[str, Any]
+    still: StillHung | None = None
 
 
 @dataclass(frozen=True)
@@ -36,7 +52,8 @@ class RunEnd:
     watched: bool  # some rank of the job reported
     distributed: bool = False  # ...and got as far as torch.distributed
     interrupted: bool = False  # the user's Ctrl-C (or SIGTERM) went to the job
-    killed_for: Mapping[str, Any] | None = None  # the hang --on-hang kill ended the job for
+    ended: Sequence[Ended] = ()  # what --on-hang ended, in order
+    attempts: int = 1  # how many attempts of the job torchrun ran
 
 
 def threshold_text(policy: StallPolicy) -> str:
@@ -47,21 +64,33 @@ def threshold_text(policy: StallPolicy) -> str:
             f"longer; up to {policy.warmup:g} s at start-up)")
 
 
-def next_steps_text(incident: Mapping[str, Any], db_path: str) -> str:
-    """After a hang that `--on-hang report` leaves running: where it is and what to do."""
+def next_steps_text(incident: Mapping[str, Any], db_path: str,
+                    still: StillHung | None = None) -> str:
+    """After a hang that `--on-hang report` leaves running (or an exit whose peers `still`
+    wait): where it is and what to do."""
     ident = printable(str(incident["id"]))
-    return (f"watchdog: hang incident {ident} is stored in {db_path}. The job is still hung: "
+    stored = (f"hang incident {ident} is stored" if still is None else
+              f"{still.text()}; incident {ident} ({Kind.RANK_EXITED}) is stored")
+    return (f"watchdog: {stored} in {db_path}. The job is still hung: "
             "Ctrl-C ends it (--on-hang kill would have ended it);\n"
             f"watchdog:   `watchdog incidents show {ident} --html report.html` writes it as a "
             "page to attach to a ticket")
 
 
+def ending_text(ended: Ended, what: str) -> str:
+    """The line said as --on-hang ends `what`: 'watchdog: ending the hung job (--on-hang
+    kill)', or for an exit whose peers still wait, 'watchdog: ranks 0,1,3 still wait 10 s after
+    rank 2 exited, and the launcher did not end them: ending the job (--on-hang kill)'."""
+    why = "" if ended.still is None else f"{ended.still.text()}: "
+    return f"watchdog: {why}ending {what} (--on-hang {ended.action})"
+
+
 def ended_text(end: RunEnd) -> str:
     """The run's last lines: how the job ended, and what the watchdog saw of it."""
     lasted = f"after {end.lasted:.0f} s"
-    if end.killed_for is not None:
-        first = (f"watchdog: ended the hung job {lasted} (exit code {end.code}): "
-                 f"{printable(str(end.killed_for['summary']))}")
+    killed = next((e for e in end.ended if e.action == "kill"), None)
+    if killed is not None:
+        first = f"watchdog: {_killed_text(killed, lasted, end.code)}"
     elif end.interrupted:
         first = f"watchdog: the job ended {lasted}, interrupted (exit code {end.code})"
     else:
@@ -73,17 +102,86 @@ def ended_text(end: RunEnd) -> str:
         return f"{first}; no incident: {FAILED_EARLY}"
     if not end.watched:
         return f"{first}; no rank of it reported, so nothing was watched: {NOT_WATCHED}"
-    return f"{first}; {_incidents_text(end.incidents, end.db_path)}"
+    return f"{first}; {_story_text(end)}{_incidents_text(end.incidents, end.db_path)}"
+
+
+def _killed_text(killed: Ended, lasted: str, code: int) -> str:
+    """'ended the hung job after 20 s (exit code 3): <the verdict>', or, for an exit whose peers
+    still waited, 'ended the job after 75 s (exit code 3): ranks 0-2 still waited ...'."""
+    summary = printable(str(killed.incident["summary"]))
+    if killed.still is None:
+        return f"ended the hung job {lasted} (exit code {code}): {summary}"
+    return (f"ended the job {lasted} (exit code {code}): {killed.still.text('still waited')}; "
+            f"{summary}")
+
+
+def _story_text(end: RunEnd) -> str:
+    """How each attempt ended, where torchrun ran several or the watchdog ended one's workers
+    (the first sentence says the rest); and, where a rank's exit ended the job with nothing
+    ended by the watchdog, that it ended nothing."""
+    parts = []
+    if end.attempts > 1 or any(e.action == "restart" for e in end.ended):
+        parts.append(f"{end.attempts} attempt{'s' if end.attempts > 1 else ''}: " + "; ".join(
+            _attempt_text(end, attempt) for attempt in range(end.attempts)))
+    exits = [i for i in end.incidents if i["kind"] == Kind.RANK_EXITED]
+    if exits and not end.ended:
+        if end.attempts == 1:
+            parts.append(f"{_exit_words(exits[0])} ({Kind.RANK_EXITED})")
+        parts.append("the watchdog ended nothing")
+    return "".join(f"{part}; " for part in parts)
+
+
+def _attempt_text(end: RunEnd, attempt: int) -> str:
+    """'attempt 0 ended when rank 2 raised OSError (RANK_EXITED, torchrun restarted it)',
+    'attempt 1 hung (MISSING_RANKS) and was ended by the watchdog (--on-hang kill)'."""
+    mine = [i for i in end.incidents if i.get("attempt", 0) == attempt and is_hang(i)]
+    acted = next((e for e in end.ended if e.incident.get("attempt", 0) == attempt), None)
+    then = ["torchrun restarted it"] if attempt < end.attempts - 1 else []
+    if not mine:
+        return f"attempt {attempt} ended with no incident" + (f" ({then[0]})" if then else "")
+    first, kind = mine[0], printable(str(mine[0]["kind"]))
+    if acted is not None:
+        by_us = f"ended by the watchdog ({', '.join([f'--on-hang {acted.action}', *then])})"
+        if acted.still is not None:
+            return (f"attempt {attempt}: {_exit_words(first)} ({kind}), "
+                    f"{ranks_text(acted.still.waiting)} still waited {acted.still.waited:.0f} s "
+                    f"later and were {by_us}")
+        return f"attempt {attempt} hung ({kind}) and was {by_us}"
+    said = ", ".join([kind, *then])
+    if kind == Kind.RANK_EXITED:
+        return f"attempt {attempt} ended when {_exit_words(first)} ({said})"
+    return f"attempt {attempt} hung ({said})"
+
+
+def _exit_words(incident: Mapping[str, Any]) -> str:
+    """'rank 2 raised OSError', 'rank 1 was killed by SIGKILL', 'rank 3 exited with code 0':
+    how the first culprit of an exit incident ended."""
+    culprits = incident["culprit_ranks"]
+    row: Mapping[str, Any] = next(
+        (r for r in incident["ranks"] if r["rank"] == culprits[0]), {})
+    reason = row.get("exit_reason") or {}
+    if "exception" in reason:
+        how = f"raised {reason['exception']['type']}"
+    elif "signal" in reason:
+        how = f"{'were' if len(culprits) > 1 else 'was'} killed by {reason['signal']}"
+    elif row.get("exit_code") is not None:
+        how = f"exited with code {row['exit_code']}"
+    else:
+        how = "exited"
+    return printable(f"{ranks_text(culprits)} {how}")
 
 
 def _incidents_text(incidents: Sequence[Mapping[str, Any]], db_path: str) -> str:
     if not incidents:
         return "no incident"
-    hangs = sum(1 for incident in incidents if is_hang(incident))
+    exits = sum(1 for incident in incidents if incident["kind"] == Kind.RANK_EXITED)
+    hangs = sum(1 for incident in incidents if is_hang(incident)) - exits
     resumed = sum(1 for incident in incidents if "resumed_at" in incident)
     counted = f"{len(incidents)} incident{'s' if len(incidents) > 1 else ''}"
     contradicted = f", {resumed} of them contradicted by the job" if resumed else ""
-    kinds = f" ({hangs} hang{'s' if hangs > 1 else ''}{contradicted})" if hangs else ""
+    kinds = ", ".join(f"{n} {word}{'s' if n > 1 else ''}{contradicted if word == 'hang' else ''}"
+                      for n, word in ((exits, "exit"), (hangs, "hang")) if n)
+    kinds = f" ({kinds})" if kinds else ""
     latest = printable(str(incidents[-1]["id"]))
     return (f"{counted}{kinds}, stored in {db_path}: `watchdog incidents show {latest}` shows "
             "the latest")

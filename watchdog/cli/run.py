@@ -17,8 +17,11 @@ class RunCommand:
     description = ("Runs CMD with the hook injected in its Python workers, beside an embedded "
                    "agent and coordinator: says which job it watches, prints each incident (and "
                    "stores it), and on a hang keeps the job running, ends it or restarts its "
-                   "workers (--on-hang). Exit code: the job's; 3 when --on-hang kill ended a "
-                   "hung job; 130 when you interrupted it (Ctrl-C).")
+                   "workers (--on-hang). A rank's exit is the launcher's to handle (torchrun "
+                   "stops the other workers and restarts or fails the job): --on-hang acts on "
+                   "one only when the other ranks still wait a stall threshold after it. Exit "
+                   "code: the job's; 3 when --on-hang kill ended a hung job; 130 when you "
+                   "interrupted it (Ctrl-C).")
     example = ("watchdog run --on-hang kill --report-html hang.html "
                "-- torchrun --nproc_per_node=4 train.py")
     daemon = False
@@ -28,7 +31,10 @@ class RunCommand:
         p.add_argument("--on-hang", choices=("report", "kill", "restart"), default="report",
                        help="after a hang's diagnosis: keep the job running (report), end it "
                             "(kill), or end the hung attempt's workers so that torchrun "
-                            "restarts them while --max-restarts allows (restart)")
+                            "restarts them while --max-restarts allows (restart: each such "
+                            "restart counts against --max-restarts, as any failure does). A "
+                            "rank's exit is torchrun's to handle: acted on only when the other "
+                            "ranks still wait a stall threshold after it")
         p.add_argument("--report", type=options.file_to_write, metavar="PATH",
                        help="write the incident JSON to PATH")
         p.add_argument("--report-html", type=options.file_to_write, metavar="PATH",

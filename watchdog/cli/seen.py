@@ -88,6 +88,11 @@ def reached_distributed(jobs: Iterable[JobView]) -> bool:
                for job in jobs for r in job.ranks.values())
 
 
+def attempts_seen(jobs: Iterable[JobView]) -> int:
+    """How many attempts torchrun ran, by the latest seen: each attempt is a job of its own."""
+    return 1 + max((r.attempt for job in jobs for r in job.ranks.values()), default=0)
+
+
 def watching_text(seen: Sighting) -> str:
     """'watching job J: 4 of 4 ranks report'."""
     return (f"watchdog: watching job {printable(seen.job_id)}: {len(seen.pids)} of "

@@ -68,7 +68,7 @@ def build_incident(
             "category": verdict.advice.category, "cause": verdict.advice.cause,
             "fix": verdict.advice.fix,
         },
-        "attempt": max((r.attempt for r in snapshot.ranks), default=0),
+        "attempt": snapshot.attempt,
         **rank_table(snapshot, verdict.culprit_ranks),
         "stack_groups": stack_groups(snapshot.stacks),
     }

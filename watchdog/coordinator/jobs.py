@@ -71,6 +71,9 @@ class JobView:
     learned: dict[str, float] = field(default_factory=dict)
     # Silent bugs: warnings in their own state, so they never hide a hang nor wait for one.
     findings: FindingTracker = field(default_factory=FindingTracker)
+    # Whether it was decided if the job is still hung after the exit its incident names
+    # (`after_exit`): told once, or never to be.
+    after_exit_decided: bool = False
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -287,6 +290,17 @@ class JobView:
     def everyone_left(self) -> bool:
         return self.world_size <= len(self.ranks) == self._exited
 
+    @property
+    def live(self) -> int:
+        """How many of the ranks reported are alive."""
+        return len(self.ranks) - self._exited
+
+    @property
+    def all_waiting(self) -> bool:
+        """Some rank is alive, and every live one waits in a collective or a set-up call, by
+        its hook."""
+        return 0 < self.live == self._waiting
+
     def needs_judgement(self, now: float) -> bool:
         """A rank left, or the job stalled (or is due an early look): only then is a full
         snapshot worth building."""
@@ -295,6 +309,10 @@ class JobView:
     def threshold(self) -> float:
         """Seconds without progress after which the job counts as stalled."""
         return self.tracker.threshold(self.phase_grace(), self.hook_p99, self.warming)
+
+    def evidence_threshold(self) -> float:
+        """The threshold without the warm-up grace (`ProgressTracker.evidence_threshold`)."""
+        return self.tracker.evidence_threshold(self.phase_grace(), self.hook_p99)
 
     def stalled(self, now: float) -> bool:
         return self.tracker.is_stalled(now, self.phase_grace(), self.hook_p99, self.warming)
@@ -305,11 +323,9 @@ class JobView:
         not: the job is looked at all the same, and judged only on evidence of a rank idle
         while its peers wait (`startup.early_verdict_stands`). Start-up is judged on evidence,
         not on the clock alone."""
-        alive = len(self.ranks) - self._exited
-        if not 0 < self._waiting < alive or not self.tracker.seen or self.stalled(now):
+        if not 0 < self._waiting < self.live or not self.tracker.seen or self.stalled(now):
             return False
-        evidence = self.tracker.evidence_threshold(self.phase_grace(), self.hook_p99)
-        return self.tracker.stalled_for(now) >= max(self.policy.floor, evidence)
+        return self.tracker.stalled_for(now) >= max(self.policy.floor, self.evidence_threshold())
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
                  unreachable_nodes: tuple[str, ...] = (), early: bool = False) -> JobSnapshot:

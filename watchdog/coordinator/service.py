@@ -7,7 +7,9 @@ it is told all the same and stored once the database works again (`persist`). A 
 rank moved on is stored again with `ended_at`, and its end told to `ended_listeners`. Which
 agent may report which node and answer which request: `sessions`; which ranks a job trusts:
 `admission`. A diagnosis gathers stacks (`stack_requests`), waits a moment for the exits of
-the peers of a rank that raised (`settle`) and judges (`diagnosis`).
+the peers of a rank that raised (`settle`) and judges (`diagnosis`). An exit is the launcher's
+to handle; once per exit incident, a job still hung a threshold after the exit (`after_exit`)
+is logged and told to `still_hung_listeners` (`watchdog run` acts on it as on a hang).
 A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
 long the coordinator runs.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
+from watchdog.coordinator.after_exit import AfterExit, StillHung, after_exit
 from watchdog.coordinator.collection import sparing_full_collections
 from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
 from watchdog.coordinator.hearing import Hearing
@@ -64,6 +67,7 @@ IncidentListener = Callable[[dict[str, Any]], None]
 # A notice that ended (with `ended_at`) or a hang the job contradicted (with `resumed_at`), and
 # how long its stall lasted, in seconds.
 EndedListener = Callable[[dict[str, Any], float], None]
+StillHungListener = Callable[[StillHung], None]
 JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
 
 
@@ -78,6 +82,7 @@ class Coordinator:
         self.jobs: dict[str, JobView] = {}
         self.listeners: list[IncidentListener] = []
         self.ended_listeners: list[EndedListener] = []
+        self.still_hung_listeners: list[StillHungListener] = []
         self.sessions = Sessions()
         self.admission = Admission(policy)
         self.hearing = Hearing(tick)
@@ -171,10 +176,10 @@ class Coordinator:
         """A job as `watchdog status --json` gives it; a large one's ranks grouped, but for its
         culprits and the ranks `wanted`."""
         verdict = job.incident if job.incident_open or job.done else None
-        return {"job_id": job.job_id, "state": job.state(now), "world_size": job.world_size,
-                "nodes": sorted(set(job.nodes.values())),
-                **rank_table(job.snapshot(now), verdict["culprit_ranks"] if verdict else (),
-                             wanted),
+        snapshot = job.snapshot(now)
+        return {"job_id": job.job_id, "attempt": snapshot.attempt, "state": job.state(now),
+                "world_size": job.world_size, "nodes": sorted(set(job.nodes.values())),
+                **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
                 "verdict": verdict,
                 "findings": list(job.findings.incidents),
                 "flagged": self.admission.to_json(job.job_id)}
@@ -237,6 +242,7 @@ class Coordinator:
                 tasks.append(ended)
             if job.findings.pending:
                 tasks += self._report_findings(job, now)
+            self._follow_exit(job, now)
             if job.let_go or job.evaluating or job.hung or (
                     job.incident is not None and job.done):
                 continue
@@ -256,6 +262,22 @@ class Coordinator:
                 tasks.append(asyncio.create_task(
                     self._diagnose(job, unreachable, stalled or early, early)))
         return tasks
+
+    def _follow_exit(self, job: JobView, now: float) -> None:
+        """Once per exit incident, whether its job is still hung a threshold after the exit;
+        if so, it is logged and told. Not for a job the watchdog itself is ending (`let_go`)."""
+        incident = job.incident
+        if job.let_go or job.after_exit_decided or incident is None or (
+                incident["kind"] != Kind.RANK_EXITED):
+            return
+        outcome = after_exit(job, incident, now)
+        if outcome is AfterExit.NOT_YET:
+            return
+        job.after_exit_decided = True
+        if isinstance(outcome, StillHung):
+            log.warning("job %s: %s", printable(job.job_id), outcome.text())
+            for listener in self.still_hung_listeners:
+                listener(outcome)
 
     def _observe(self, job: JobView, now: float) -> asyncio.Task[None] | None:
         """Bring the job's progress up to `now`. Progress ends an open notice (its rank moved
