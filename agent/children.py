@@ -115,6 +115,9 @@ def _bare(function: str) -> str:
 
 
 def cpu_cores(before: procfs.ProcStat, after: procfs.ProcStat, seconds: float) -> float:
-    """Cores the process used between two stat reads `seconds` apart."""
-    used = (after.cpu_ticks - before.cpu_ticks) / os.sysconf("SC_CLK_TCK")
+    """Cores the process used between two stat reads `seconds` apart, with the children it
+    reaped meanwhile: a compiler driver's work is done by the passes it runs (gcc's cc1plus
+    and as), each gone by the time the driver returns."""
+    used = (after.cpu_ticks + after.reaped_ticks - before.cpu_ticks - before.reaped_ticks
+            ) / os.sysconf("SC_CLK_TCK")
     return round(max(0.0, used) / max(seconds, 0.01), 3)

@@ -20,6 +20,7 @@ class ProcStat:
     ppid: int
     start_ticks: int  # since boot; with the pid it names one process, even after pid reuse
     cpu_ticks: int = 0  # user + system time of the whole process so far
+    reaped_ticks: int = 0  # ...and of the children it waited for (a compiler's passes, say)
     exit_status: int | None = None  # a zombie's, as waitpid reports it, where it is ours to read
 
     @property
@@ -43,7 +44,8 @@ def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
     # The kernel shows 0 for a status that is not ours to read: only another value is one.
     status = int(fields[49]) if fields[0] in ("Z", "X") and len(fields) > 49 else 0
     return ProcStat(pid=pid, state=fields[0], ppid=int(fields[1]), start_ticks=int(fields[19]),
-                    cpu_ticks=int(fields[11]) + int(fields[12]), exit_status=status or None)
+                    cpu_ticks=int(fields[11]) + int(fields[12]),
+                    reaped_ticks=int(fields[13]) + int(fields[14]), exit_status=status or None)
 
 
 def read_stat_of(pid: int, start_ticks: int, proc: str = "/proc") -> ProcStat | None:

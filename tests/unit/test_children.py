@@ -106,3 +106,19 @@ def test_a_child_gone_before_its_stack_is_taken_is_left_out(
     sleeper.kill()
     sleeper.wait()
     assert asyncio.run(sample_child(sleeper.pid, samples=2)) is None
+
+
+def test_a_child_that_runs_short_passes_of_its_own_shows_their_cpu() -> None:
+    """A compiler driver (gcc) does its work in the passes it runs and waits for (cc1plus, as):
+    its own CPU is nil, theirs is counted once it reaped them."""
+    spin = "import time\nend = time.process_time() + 0.15\nwhile time.process_time() < end: pass"
+    driver = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        f"while True: subprocess.run([sys.executable, '-S', '-c', {spin!r}])")])
+    try:
+        sampled = asyncio.run(sample_child(driver.pid, samples=3))
+    finally:
+        driver.kill()
+        driver.wait()
+    assert sampled is not None
+    assert sampled.cpu >= 0.1, sampled  # the 10% of a core that counts as work
