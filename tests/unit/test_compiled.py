@@ -1,9 +1,11 @@
 """torch.compile under the hook, in this process (real torch, a one-rank gloo group): compiled
-code is what it would be without the hook, recompiles nothing, counts what eager code counts."""
+code is what it would be without the hook, recompiles nothing, counts what eager code counts;
+and the beacon says while the rank compiles."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.distributed as dist
+from torch._dynamo.callback import CallbackTrigger, callback_handler
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -34,7 +37,7 @@ SET_UP = ("batch_isend_irecv", "init_process_group", "new_group", "destroy_proce
 def hook(one_rank: None, tmp_path: Path,
          monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], Recorder]]:
     """Installs the hook's patches in this process's torch as a rank gets them, torch.compile's
-    included; torch's functions and dynamo's caches are as they were after."""
+    included; torch's functions and dynamo's caches and callbacks are as they were after."""
     c10d, ddp_module = dist.distributed_c10d, sys.modules["torch.nn.parallel.distributed"]
     patched = [(owner, name) for owner in (dist, c10d)
                for name in (*COLLECTIVES, *POINT_TO_POINT, *SET_UP) if hasattr(owner, name)]
@@ -164,3 +167,28 @@ def test_a_compiled_optimizer_step_is_counted(hook: Callable[[], Recorder]) -> N
             step()
     assert rec.enabled and snapshot(rec).steps == STEPS
 
+
+def test_a_compile_is_in_the_beacon_while_it_runs(hook: Callable[[], Recorder]) -> None:
+    """A forward compile, then the backward compiled on its first use (aot_eager)."""
+    rec = hook()
+    seen: list[tuple[str, float]] = []
+
+    def look(args: Any) -> None:  # called after the hook's own start callback
+        seen.append((args.callback_trigger.name, snapshot(rec).compiling_since))
+
+    callback_handler.register_start_callback(look)
+    began = time.time()
+    torch.compile(torch.nn.Linear(4, 1), backend="aot_eager")(torch.ones(2, 4)).sum().backward()
+    assert [trigger for trigger, _ in seen] == ["DYNAMO", "LAZY_BACKWARD"]
+    assert all(began <= since <= time.time() for _, since in seen)
+    assert snapshot(rec).compiling_since == 0.0
+
+
+def test_recording_a_cuda_graph_is_no_compile(hook: Callable[[], Recorder]) -> None:
+    """It runs the graph, and any collective in it: a rank hung there is no rank at work."""
+    rec = hook()
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
+        assert rec.compiling_since == 0.0
+    with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "0/0"):
+        assert rec.compiling_since > 0.0
+    assert rec.compiling_since == 0.0

@@ -1,6 +1,6 @@
 """torch.compile and the hook (runs inside every training rank): TorchDynamo compiles the torch
-code the hook wraps as it would without the hook, never the hook's own. `install.TorchPatches`
-calls these once torch._dynamo is imported.
+code the hook wraps as it would without the hook, never the hook's own; and the rank's beacon
+says while it compiles. `install.TorchPatches` calls these once torch._dynamo is imported.
 
 To TorchDynamo the hook is user code. Traced, a wrapper made it guard on the recorder's state
 (a seq, a flag) and recompile the user's code at every step, and it ran the recorder's
@@ -22,6 +22,13 @@ import sys
 from collections.abc import Callable
 from types import FunctionType, ModuleType
 from typing import Any
+
+from watchdog.hook.recorder import Recorder
+
+# What dynamo's compile callbacks are called for that is compiling: a frame, and the backward
+# of a graph compiled on its first use. Not CUDA graph recording, which runs the graph, and
+# with it any collective in it: a rank hung there works at nothing.
+COMPILING = frozenset({"DYNAMO", "LAZY_BACKWARD"})
 
 # What dynamo traces in the hook's place. It fails on one in this package's files, which it
 # skips ("'SkipFunctionVariable' object has no attribute 'get_code'", raised in the user's
@@ -61,3 +68,22 @@ def hide(dynamo: ModuleType, function: Callable[..., Any],
         substitute(getattr(function, "__func__", function), skip_signature_check=True)(
             _nothing if original is None else _calling(original))
 
+
+def record_compiles(dynamo: ModuleType, rec: Recorder) -> None:
+    """The recorder is told when dynamo's outermost compile begins and ends (its callbacks are
+    called once for compiles it nests)."""
+    handler = getattr(dynamo, "callback_handler", None)
+    if handler is None or not hasattr(handler, "register_end_callback"):
+        return
+
+    def started(*args: object) -> None:
+        try:
+            trigger = getattr(getattr(args[0] if args else None, "callback_trigger", None),
+                              "name", None)
+            if trigger is None or trigger in COMPILING:
+                rec.compile_started()
+        except Exception as e:  # dynamo would raise it into the user's code
+            rec.fail(e)
+
+    handler.register_start_callback(started)
+    handler.register_end_callback(lambda *_: rec.compile_ended())

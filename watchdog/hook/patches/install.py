@@ -47,8 +47,10 @@ class TorchPatches:
         }
 
     def patch_dynamo(self, dynamo: ModuleType) -> None:
-        """torch.compile compiles what it would without the hook (see `compiler`)."""
+        """torch.compile: it compiles what it would without the hook, and the beacon says while
+        it compiles (see `compiler`)."""
         compiler.skip_package(dynamo)
+        compiler.record_compiles(dynamo, self._rec)
         self._dynamo = dynamo
         for function, original in self.wrapped:
             compiler.hide(dynamo, function, original)
