@@ -33,7 +33,8 @@ class TorchPatches:
         self.slots = GroupSlots(recorder)
         self.works = PendingWorks(recorder)
         # Each function the hook put in torch's way, with the torch function it wraps (None: a
-        # hook torch itself does not have): what torch.compile traces in its place.
+        # hook torch itself does not have): what torch.compile traces in its place. DDP's
+        # forward is not one of them (see patch_ddp).
         self.wrapped: list[tuple[Callable[..., Any], Callable[..., Any] | None]] = []
 
     def post_import_hooks(self) -> dict[str, Callable[[ModuleType], None]]:
