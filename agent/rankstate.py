@@ -44,6 +44,7 @@ def rank_state(worker: Worker, now: float) -> RankState:
         heartbeat_age=max(0.0, now - snap.heartbeat) if snap.heartbeat > 0 else None,
         progress_age=_age(now, snap.progress_at),
         pace=snap.pace,
+        compile_age=_age(now, snap.compiling_since),
         steps=snap.steps, events=snap.events, last_event_at=snap.last_event_at,
         groups=tuple(GroupProgress(g.name, _members(g.ranks, ident.world_size), g.entered_seq,
                                    g.op, g.completed_seq, g.entered_at) for g in snap.groups),

@@ -267,6 +267,8 @@ class RankState:
     clean_exit: bool = False  # the interpreter shut down normally (the hook's atexit ran)
     progress_age: float | None = None  # seconds since the hook saw its event count change
     pace: Pace = NO_PACE  # the hook's own gaps between progress, from its first step
+    # seconds since the compile under way (torch.compile) began, by the agent's clock; None: none
+    compile_age: float | None = None
     activity: Activity = NO_ACTIVITY
     exit_reason: ExitReason | None = None  # once exited, where known
     attempt: int = 0  # torchrun's restart count: each attempt is a job of its own

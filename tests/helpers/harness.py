@@ -27,6 +27,7 @@ WARMUP_S, FLOOR_S = 60.0, 10.0  # --stall-warmup's and --stall-floor's defaults
 EXIT_HANG_KILLED = 3  # `watchdog run --on-hang kill` after it killed a hung job
 FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
 AVERAGED = str(Path(__file__).parents[1] / "jobs" / "averaged.py")
+COMPILED_STEP = str(Path(__file__).parents[1] / "jobs" / "compiled_step.py")
 
 
 @dataclass

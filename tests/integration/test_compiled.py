@@ -3,14 +3,18 @@ node's (a TMPDIR and TORCHINDUCTOR_CACHE_DIR of each test's own): compiling is w
 whether at the first step, at an evaluation pass or at a new shape mid-training, and a rank that
 blocks after a recompile is still named once the floor passes (real torchrun, gloo, inductor
 with gcc, py-spy). tests/jobs/compiled.py is the job; tests/unit/test_compiling.py has the
-stacks of such ranks as the coordinator judges them."""
+stacks of such ranks as the coordinator judges them. And the hook stays out of the user's
+compiled code: a compiled training step (tests/jobs/compiled_step.py) is never recompiled for
+it, and every step is still counted; tests/unit/test_compiled.py has each wrapper."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import watchdog
 from tests.helpers.harness import (
+    COMPILED_STEP,
     EXIT_HANG_KILLED,
     FLOOR_S,
     assert_called_at,
@@ -54,3 +58,18 @@ def test_a_rank_that_blocks_after_a_recompile_is_named_at_the_floor(
     assert "read_batch" in run.stack_functions(2)
     assert_called_at(FLOOR_S, run.incident["detected_at"], fault_time(run.output, "data_stall"))
     assert all(i["severity"] != "hang" for i in stored(tmp_path)[:-1])
+
+
+def test_a_compiled_training_step_is_counted_and_never_recompiled_for_the_hook(
+        watch: Any) -> None:
+    """Dynamo takes the hook for user code unless told otherwise: it guarded on the recorder's
+    state and recompiled the step at every step (2 ranks, the eager backend: dynamo alone)."""
+    steps, package = 20, str(Path(watchdog.__file__).parent)
+    run = watch("--steps", str(steps), nproc=2, script=COMPILED_STEP, watchdog_args=DEFAULTS,
+                env={"TORCH_LOGS": "recompiles"})
+    assert run.returncode == 0, run.output
+    recompiles = [line for line in run.output.splitlines()
+                  if "__recompiles" in line and (package in line or "watchdog/hook/" in line)]
+    assert recompiles == [], "\n".join(recompiles)
+    for rank in (0, 1):
+        assert f"rank {rank} counted {steps} steps, {steps} DDP forwards" in run.output, run.output

@@ -113,6 +113,14 @@ def test_publish_stamps_steps_only_when_they_change(tmp_path: Path) -> None:
     assert (snap.steps, snap.step_at, snap.groups[0].entered_at) == (3, 12.0, 11.5)
 
 
+def test_a_compile_under_way_round_trips_until_a_publish_clears_it(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    writer.publish(3, [], {}, 20.0, compiling_since=17.25)
+    assert read_beacon(open_beacon(writer.path)).compiling_since == 17.25
+    writer.publish(3, [], {}, 21.0)
+    assert read_beacon(open_beacon(writer.path)).compiling_since == 0.0
+
+
 def test_world_group_is_stored_compactly_at_any_size(tmp_path: Path) -> None:
     writer = make_writer(tmp_path, Identity("j", 0, 0, 1000, "h", 1, 0.0))
     writer.group_slot("0", tuple(range(1000)), 1000)

@@ -68,7 +68,8 @@ def test_node_report_round_trip_keeps_every_field() -> None:
                      exit_reason=ExitReason(signal="SIGKILL", oom_killed=True))
     joining = replace(RANK, rank=0, groups=(), setup="init_process_group", setup_age=12.5,
                       rendezvous="tcp://10.0.0.9:29500")
-    report = NodeReport("node-a", 1764680011.0, (RANK, exited, killed, joining))
+    compiling = replace(RANK, rank=1, compile_age=42.5)
+    report = NodeReport("node-a", 1764680011.0, (RANK, exited, killed, joining, compiling))
     assert through_the_wire(report) == report
 
 
@@ -107,6 +108,9 @@ def test_equal_stacks_arrive_as_one_shared_tuple_of_frames() -> None:
     replace(RANK, exit_reason=ExitReason(signal="\x1b[2J")),
     replace(RANK, attempt=_wire.MAX_ATTEMPT),
     replace(RANK, setup_age=math.nan),
+    replace(RANK, compile_age=math.inf),
+    replace(RANK, compile_age=math.nan),
+    replace(RANK, compile_age=-0.5),
     replace(RANK, evidence=CheckEvidence(fingerprints=(Fingerprint("loss", "0", 0, 8, 1),))),
     replace(RANK, evidence=CheckEvidence(
         fingerprints=(Fingerprint("batch", "0", 0, 8, 1),) * (_wire.MAX_FINGERPRINTS + 1))),

@@ -44,6 +44,22 @@ def test_a_ranks_fingerprints_go_out_in_the_few_reports_after_it_took_one(
     assert reports(2, 1) == [2]
 
 
+def test_a_compile_under_way_goes_out_as_its_age_on_the_agents_clock(tmp_path: Path) -> None:
+    own = tmp_path / str(os.geteuid())
+    own.mkdir(mode=0o755)
+    writer = BeaconWriter(beacon_path(str(own), "job", 0, os.getpid()),
+                          Identity("job", 0, 0, 2, "host", os.getpid(), time.time() - 1))
+    table = WorkerTable(str(tmp_path), scan_unhooked=False)
+    began = time.time()
+    ages = []
+    for since in (began, 0.0):
+        writer.publish(0, [], {}, time.time(), compiling_since=since)
+        table.refresh(time.time())
+        (worker,) = table.workers()
+        ages.append(rank_state(worker, began + 7.0).compile_age)
+    assert ages == [7.0, None]
+
+
 def test_a_report_entry_is_a_conversion_that_reads_nothing() -> None:
     """rank_state reads no /proc and counts no report: what it says is what the refresh saw."""
     gone = 2**22 + 12345  # no such process: a /proc read would say "" and no activity

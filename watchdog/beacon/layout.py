@@ -8,7 +8,8 @@ rank, so there is nothing to migrate):
   3. the start-up region after the group slots (attempt, set-up call, exit record), and the
      silent-bug checks with their fingerprints after it;
   4. the first non-finite loss in the checks, room for 32 fingerprints, and fingerprints of
-     the parameters an optimizer steps once their gradients were averaged by hand.
+     the parameters an optimizer steps once their gradients were averaged by hand;
+  5. when the compile under way began (torch.compile), after the pace (OFF_COMPILING).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"THWBEACN"
-VERSION = 4
+VERSION = 5
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -47,6 +48,7 @@ N_GROUPS = struct.Struct("<I")
 EXIT = struct.Struct("<Iid")  # exit_state, exit_code, exited_at (n_groups left alone)
 PHASE = struct.Struct("<32sdd")
 PACE = struct.Struct("<ddQ")  # progress_at, gap_p99, gaps
+COMPILING = struct.Struct("<d")  # when the compile under way began; 0: none
 GROUP_META = struct.Struct("<32sii")  # name, size, n_listed
 GROUP_HOT = struct.Struct("<24sQdQ")  # op, entered_seq, entered_at, completed_seq
 RANKS = struct.Struct(f"<{MAX_LISTED_RANKS}i")
@@ -70,6 +72,7 @@ OFF_N_GROUPS = OFF_PROGRESS + 16
 OFF_EXIT = OFF_N_GROUPS + 4
 OFF_PHASE = OFF_EXIT + EXIT.size
 OFF_PACE = 272
+OFF_COMPILING = OFF_PACE + PACE.size
 OFF_GROUPS = 512
 GROUP_SLOT_SIZE = GROUP_META.size + GROUP_HOT.size + RANKS.size
 # Inside a slot: the hot fields that publish() stores one by one, then the member ranks.
@@ -87,8 +90,8 @@ OFF_CHECKS = OFF_START + START_REGION
 OFF_FINGERPRINTS = OFF_CHECKS + CHECKS.size
 SIZE = OFF_FINGERPRINTS + MAX_FINGERPRINTS * FINGERPRINT.size
 
-assert OFF_PROGRESS + PROGRESS.size <= OFF_PACE and OFF_PACE + PACE.size <= OFF_GROUPS
-assert OFF_CHECKS % 8 == 0
+assert OFF_PROGRESS + PROGRESS.size <= OFF_PACE and OFF_COMPILING + COMPILING.size <= OFF_GROUPS
+assert OFF_CHECKS % 8 == OFF_COMPILING % 8 == 0
 assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
 assert OFF_ENTERED_SEQ % 8 == 0 and OFF_START % 8 == 0
 assert START.size + MAX_EXIT_REASON <= START_REGION

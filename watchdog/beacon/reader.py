@@ -102,6 +102,7 @@ def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
                           f"(at most {layout.MAX_GROUPS})")
     attempt, reason_len, call, setup_at, rendezvous = layout.START.unpack_from(start)
     progress_at, gap_p99, gaps = layout.PACE.unpack_from(data, layout.OFF_PACE)
+    (compiling_since,) = layout.COMPILING.unpack_from(data, layout.OFF_COMPILING)
     identity = _identity(data, attempt)
     return BeaconSnapshot(
         identity=identity,
@@ -110,7 +111,7 @@ def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
         exited_at=exited_at, phase=_text(phase), phase_started=phase_started,
         phase_timeout=phase_timeout,
         groups=tuple(_group(data, slot, identity.world_size) for slot in range(n_groups)),
-        progress_at=progress_at, pace=_pace(gap_p99, gaps),
+        progress_at=progress_at, pace=_pace(gap_p99, gaps), compiling_since=compiling_since,
         setup=Setup(call=_text(call), entered_at=setup_at, rendezvous=_text(rendezvous)),
         raised=_raised(start, reason_len), checks=_checks(checks))
 

@@ -166,6 +166,7 @@ class BeaconSnapshot:
     groups: tuple[BeaconGroup, ...]
     progress_at: float = 0.0  # when the publisher last saw the event count change
     pace: Pace = NO_PACE
+    compiling_since: float = 0.0  # when the compile under way (torch.compile) began; 0: none
     setup: Setup = NO_SETUP
     raised: RaisedException | None = None  # what ended it, when an exception did
     checks: CheckState = NO_CHECKS

@@ -125,6 +125,9 @@ class _Stores:
         self.doubles[layout.OFF_PACE // 8 + 1] = pace.gap_p99
         self.words[layout.OFF_PACE // 8 + 2] = pace.gaps
 
+    def compiling(self, since: float) -> None:
+        self.doubles[layout.OFF_COMPILING // 8] = since
+
     def steps(self, steps: int, now: float) -> None:
         self.words[layout.OFF_PROGRESS // 8] = steps
         self.doubles[layout.OFF_PROGRESS // 8 + 1] = now
@@ -219,14 +222,16 @@ class BeaconWriter:
 
     def publish(self, steps: int, entered: Sequence[Entered], completed: Mapping[int, int],
                 now: float, pace: Pace | None = None, checks: CheckState | None = None,
-                progress_at: float = 0.0) -> None:
+                progress_at: float = 0.0, compiling_since: float = 0.0) -> None:
         """Record the rank's progress as one consistent record: the step count (stamped `now`
         when it changed) and, for each registered group, its last collective entered as
         (seq, op, time) and its last completed seq. An UNTIMED entry is stamped `now` by the
         first publish that sees its seq. `pace`, where given, replaces the pace and when the
-        rank last progressed; `checks`, where given, replaces the checks' state."""
+        rank last progressed; `checks`, where given, replaces the checks' state;
+        `compiling_since` is when the compile under way began (0: none)."""
         stores = self._stores
         with self._lock:
+            stores.compiling(compiling_since)
             if checks is not None:
                 _pack_checks(self._mm, checks)
             if pace is not None:

@@ -58,6 +58,7 @@ class Recorder:
         "_steps",
         "check_at",
         "checks",
+        "compiling_since",
         "enabled",
         "exit_at",
         "exit_code",
@@ -93,6 +94,7 @@ class Recorder:
         self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
         self.check_at = self.checks.first_check  # the step count at which checks next run
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
+        self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
@@ -205,6 +207,14 @@ class Recorder:
             self.optimizer_stepped(None, None, None)
             self._steps += 1
 
+    def compile_started(self) -> None:
+        """torch.compile began compiling (a frame, or a backward it compiles on first use):
+        published as work under way, since now, until `compile_ended`."""
+        self.compiling_since = time.time()
+
+    def compile_ended(self) -> None:
+        self.compiling_since = 0.0
+
     def publish(self) -> None:
         """Copy the progress recorded so far into the beacon, with a fresh liveness stamp."""
         writer = self.writer
@@ -222,7 +232,8 @@ class Recorder:
             pace = self._pace.observe(events, steps, now)
             checks = self.checks.collect(steps, self.grad_syncs)
             writer.publish(steps, entered, completed, now, pace, checks,
-                           progress_at=self._pace.progress_at)
+                           progress_at=self._pace.progress_at,
+                           compiling_since=self.compiling_since)
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

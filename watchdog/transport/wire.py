@@ -275,6 +275,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.exit_code = r.exit_code
     if r.progress_age is not None:
         m.progress_age = r.progress_age
+    if r.compile_age is not None:
+        m.compile_age = r.compile_age
     if r.activity.window:
         m.activity.CopyFrom(activity_to_pb(r.activity))
     if r.evidence is not NO_EVIDENCE:
@@ -297,10 +299,14 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     heartbeat_age = m.heartbeat_age if m.HasField("heartbeat_age") else None
     exited_at = m.exited_at if m.HasField("exited_at") else None
     progress_age = m.progress_age if m.HasField("progress_age") else None
+    compile_age = m.compile_age if m.HasField("compile_age") else None
     last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
     gap_p99, gaps = m.gap_p99, m.gaps
     _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
-                 + (exited_at or 0.0) + (progress_age or 0.0) + gap_p99 + (setup_age or 0.0))
+                 + (exited_at or 0.0) + (progress_age or 0.0) + gap_p99 + (setup_age or 0.0)
+                 + (compile_age or 0.0))
+    if compile_age is not None and compile_age < 0:
+        raise MessageRejectedError(f"compile age {compile_age} is negative")
     return RankState(
         job_id=job_id, rank=rank, local_rank=local_rank, world_size=world, host=host, pid=m.pid,
         hooked=m.hooked, proc_state=proc_state, heartbeat_age=heartbeat_age, steps=m.steps,
@@ -308,7 +314,7 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         groups=tuple([group_from_pb(g) for g in m.groups]), phase=phase, phase_age=phase_age,
         phase_timeout=phase_timeout, exited_at=exited_at,
         exit_code=m.exit_code if m.HasField("exit_code") else None, clean_exit=m.clean_exit,
-        progress_age=progress_age,
+        progress_age=progress_age, compile_age=compile_age,
         # most ranks report no pace yet: no record of their own
         pace=Pace(gap_p99=gap_p99, gaps=gaps) if gap_p99 or gaps else NO_PACE,
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,

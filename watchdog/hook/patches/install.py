@@ -11,7 +11,7 @@ from typing import Any
 
 from watchdog.collectives import COLLECTIVES, POINT_TO_POINT
 from watchdog.hook.patches import c10d as c10d_wrappers
-from watchdog.hook.patches import ddp, setup
+from watchdog.hook.patches import compiler, ddp, setup
 from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.groups import GroupSlots
 from watchdog.hook.patches.sampler import wrap_sampler_iter
@@ -29,8 +29,13 @@ class TorchPatches:
         self._rec = recorder
         self._become_rank = become_rank
         self._dist: Any = None
+        self._dynamo: ModuleType | None = None
         self.slots = GroupSlots(recorder)
         self.works = PendingWorks(recorder)
+        # Each function the hook put in torch's way, with the torch function it wraps (None: a
+        # hook torch itself does not have): what torch.compile traces in its place. DDP's
+        # forward is not one of them (see patch_ddp).
+        self.wrapped: list[tuple[Callable[..., Any], Callable[..., Any] | None]] = []
 
     def post_import_hooks(self) -> dict[str, Callable[[ModuleType], None]]:
         return {
@@ -39,7 +44,23 @@ class TorchPatches:
             "torch.optim.optimizer": self.patch_optimizer,
             "torch._tensor": self.patch_tensor,
             "torch.utils.data.distributed": self.patch_sampler,
+            "torch._dynamo": self.patch_dynamo,
         }
+
+    def patch_dynamo(self, dynamo: ModuleType) -> None:
+        """torch.compile: it compiles what it would without the hook, and the beacon says while
+        it compiles (see `compiler`)."""
+        compiler.skip_package(dynamo)
+        compiler.record_compiles(dynamo, self._rec)
+        self._dynamo = dynamo
+        for function, original in self.wrapped:
+            compiler.hide(dynamo, function, original)
+
+    def _wrapped(self, function: Callable[..., Any], original: Callable[..., Any] | None) -> None:
+        """`function` now stands in torch's way instead of `original`."""
+        self.wrapped.append((function, original))
+        if self._dynamo is not None:
+            compiler.hide(self._dynamo, function, original)
 
     def patch_distributed(self, dist: ModuleType) -> None:
         c10d = getattr(dist, "distributed_c10d", None)
@@ -52,21 +73,26 @@ class TorchPatches:
             original = getattr(c10d, name, None)
             # A torch whose function takes no group is one this hook does not know: left alone.
             if original is not None and "group" in inspect.signature(original).parameters:
-                _replace(dist, c10d, name,
-                         c10d_wrappers.wrap_collective(original, c10d, rec, slots, works))
+                self._replace(dist, c10d, name,
+                              c10d_wrappers.wrap_collective(original, c10d, rec, slots, works))
         for name, peer_names in POINT_TO_POINT.items():
             if hasattr(c10d, name):
-                _replace(dist, c10d, name, c10d_wrappers.wrap_p2p(
+                self._replace(dist, c10d, name, c10d_wrappers.wrap_p2p(
                     getattr(c10d, name), c10d, rec, slots, works, peer_names))
         if hasattr(c10d, "batch_isend_irecv"):
-            _replace(dist, c10d, "batch_isend_irecv", c10d_wrappers.wrap_batch_isend_irecv(
+            self._replace(dist, c10d, "batch_isend_irecv", c10d_wrappers.wrap_batch_isend_irecv(
                 c10d.batch_isend_irecv, c10d, rec, slots, works))
-        patch_work_wait(getattr(c10d, "Work", None), rec, works)
-        _replace(dist, c10d, "init_process_group", setup.wrap_init_process_group(
+        work_class = getattr(c10d, "Work", None)
+        original_wait = getattr(work_class, "wait", None)
+        wait = patch_work_wait(work_class, rec, works)
+        if wait is not None:
+            self._wrapped(wait, original_wait)
+        self._replace(dist, c10d, "init_process_group", setup.wrap_init_process_group(
             c10d.init_process_group, rec, self._become_rank, self._joined))
-        _replace(dist, c10d, "new_group", setup.wrap_new_group(c10d.new_group, rec, slots.slot))
-        _replace(dist, c10d, "destroy_process_group",
-                 setup.wrap_destroy_process_group(c10d.destroy_process_group, rec))
+        self._replace(dist, c10d, "new_group",
+                      setup.wrap_new_group(c10d.new_group, rec, slots.slot))
+        self._replace(dist, c10d, "destroy_process_group",
+                      setup.wrap_destroy_process_group(c10d.destroy_process_group, rec))
         if dist.is_initialized():  # installed by hand, after init_process_group
             self._joined(None)
 
@@ -86,28 +112,39 @@ class TorchPatches:
         see the batches it gets."""
         rec, ddp_class = self._rec, module.DistributedDataParallel
         rec.checks.use_torch(sys.modules["torch"])
+        # Not traced as DDP's own: it counts only by running. Compiled code breaks its graph
+        # at it (see `compiler`), as it would inside DDP's forward anyway (torch 2.13).
         ddp_class.forward = ddp.wrap_forward(ddp_class.forward, rec, self.slots)
-        ddp_class.__init__ = ddp.wrap_constructor(ddp_class.__init__, rec)
+        original_init = ddp_class.__init__
+        ddp_class.__init__ = ddp.wrap_constructor(original_init, rec)
+        self._wrapped(ddp_class.__init__, original_init)
         for name in ddp.DDP_INIT_CALLS:
-            wrapper = ddp.wrap_init_call(getattr(module, name, None), rec, self.slots)
+            original = getattr(module, name, None)
+            wrapper = ddp.wrap_init_call(original, rec, self.slots)
             if wrapper is not None:
                 setattr(module, name, wrapper)
+                self._wrapped(wrapper, original)
 
     def patch_sampler(self, module: ModuleType) -> None:
-        sampler_class = module.DistributedSampler
-        sampler_class.__iter__ = wrap_sampler_iter(sampler_class.__iter__, self._rec)
+        sampler_class, original = module.DistributedSampler, module.DistributedSampler.__iter__
+        sampler_class.__iter__ = wrap_sampler_iter(original, self._rec)
+        self._wrapped(sampler_class.__iter__, original)
 
     def patch_optimizer(self, module: ModuleType) -> None:
         """Count optimizer steps; the checks run after some of them."""
         self._rec.checks.use_torch(sys.modules["torch"])
-        module.register_optimizer_step_post_hook(self._rec.optimizer_stepped)
+        counter = self._rec.optimizer_stepped
+        module.register_optimizer_step_post_hook(counter)
+        self._wrapped(counter, None)
 
     def patch_tensor(self, module: ModuleType) -> None:
         """The losses backward() is called on feed the nonfinite_loss check."""
-        tensor_class = module.Tensor
-        tensor_class.backward = wrap_backward(tensor_class.backward, self._rec)
+        tensor_class, original = module.Tensor, module.Tensor.backward
+        tensor_class.backward = wrap_backward(original, self._rec)
+        self._wrapped(tensor_class.backward, original)
 
-
-def _replace(dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:
-    setattr(c10d, name, wrapper)
-    setattr(dist, name, wrapper)
+    def _replace(self, dist: ModuleType, c10d: ModuleType, name: str, wrapper: Any) -> None:
+        original = getattr(c10d, name)
+        setattr(c10d, name, wrapper)
+        setattr(dist, name, wrapper)
+        self._wrapped(wrapper, original)

@@ -3,9 +3,9 @@ training rank): a rank blocked in the wait stays pending, one past it completed 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from watchdog.hook.recorder import Recorder
@@ -48,10 +48,12 @@ class PendingWorks:
             self._rec.fail(e)
 
 
-def patch_work_wait(work_class: Any, rec: Recorder, works: PendingWorks) -> None:
-    """Work.wait() returning ends the calls its handle stands for."""
+def patch_work_wait(work_class: Any, rec: Recorder,
+                    works: PendingWorks) -> Callable[..., Any] | None:
+    """Work.wait() returning ends the calls its handle stands for; the wrapper installed, if
+    any."""
     if work_class is None:
-        return
+        return None
     handles, original = works.handles, work_class.wait
 
     @functools.wraps(original)
@@ -66,5 +68,8 @@ def patch_work_wait(work_class: Any, rec: Recorder, works: PendingWorks) -> None
                 rec.waited(ends)
         return result
 
-    with contextlib.suppress(TypeError, AttributeError):  # a class that cannot be patched
+    try:
         work_class.wait = wait
+    except (TypeError, AttributeError):  # a class that cannot be patched
+        return None
+    return wait

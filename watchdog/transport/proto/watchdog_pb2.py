@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ewatchdog.proto\x12\x16torch_hang_watchdog.v1\"\x81\x01\n\rGroupProgress\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x13\n\x0b\x65ntered_seq\x18\x03 \x01(\x04\x12\x12\n\nentered_op\x18\x04 \x01(\t\x12\x15\n\rcompleted_seq\x18\x05 \x01(\x04\x12\x12\n\nentered_at\x18\x06 \x01(\x01\"\x8f\x06\n\tRankState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0e\n\x06hooked\x18\x07 \x01(\x08\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x1a\n\rheartbeat_age\x18\t \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\n \x01(\x04\x12\x0e\n\x06\x65vents\x18\x0b \x01(\x04\x12\x15\n\rlast_event_at\x18\x0c \x01(\x01\x12\x35\n\x06groups\x18\r \x03(\x0b\x32%.torch_hang_watchdog.v1.GroupProgress\x12\r\n\x05phase\x18\x0e \x01(\t\x12\x11\n\tphase_age\x18\x0f \x01(\x01\x12\x15\n\rphase_timeout\x18\x10 \x01(\x01\x12\x16\n\texited_at\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\texit_code\x18\x12 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\nclean_exit\x18\x13 \x01(\x08\x12\x19\n\x0cprogress_age\x18\x14 \x01(\x01H\x03\x88\x01\x01\x12\x0f\n\x07gap_p99\x18\x15 \x01(\x01\x12\x0c\n\x04gaps\x18\x16 \x01(\x04\x12\x32\n\x08\x61\x63tivity\x18\x17 \x01(\x0b\x32 .torch_hang_watchdog.v1.Activity\x12\x37\n\x0b\x65xit_reason\x18\x1e \x01(\x0b\x32\".torch_hang_watchdog.v1.ExitReason\x12\x0f\n\x07\x61ttempt\x18\x1f \x01(\r\x12\r\n\x05setup\x18  \x01(\t\x12\x16\n\tsetup_age\x18! \x01(\x01H\x04\x88\x01\x01\x12\x12\n\nrendezvous\x18\" \x01(\t\x12\x37\n\x08\x65vidence\x18( \x01(\x0b\x32%.torch_hang_watchdog.v1.CheckEvidenceB\x10\n\x0e_heartbeat_ageB\x0c\n\n_exited_atB\x0c\n\n_exit_codeB\x0f\n\r_progress_ageB\x0c\n\n_setup_age\"\xb2\x02\n\rCheckEvidence\x12\x0e\n\x06\x63hecks\x18\x01 \x01(\r\x12\x39\n\x0c\x66ingerprints\x18\x02 \x03(\x0b\x32#.torch_hang_watchdog.v1.Fingerprint\x12\x16\n\x0eunsynced_steps\x18\x03 \x01(\x04\x12;\n\rsampler_reuse\x18\x04 \x01(\x0b\x32$.torch_hang_watchdog.v1.SamplerReuse\x12\x42\n\x11\x64\x64p_module_change\x18\x05 \x01(\x0b\x32\'.torch_hang_watchdog.v1.DdpModuleChange\x12=\n\x0enonfinite_loss\x18\x06 \x01(\x0b\x32%.torch_hang_watchdog.v1.NonfiniteLoss\"V\n\x0b\x46ingerprint\x12\n\n\x02of\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0e\n\x06module\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x06\"@\n\x0cSamplerReuse\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x12\n\nfirst_step\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"N\n\x0f\x44\x64pModuleChange\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0e\n\x06module\x18\x02 \x01(\r\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06\x63hange\x18\x04 \x01(\t\",\n\rNonfiniteLoss\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x01\"\x83\x01\n\nExitReason\x12\x11\n\texception\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x12\n\noom_killed\x18\x05 \x01(\x08\"\x9f\x01\n\x08\x41\x63tivity\x12\x0e\n\x06window\x18\x01 \x01(\x01\x12\x10\n\x08main_cpu\x18\x02 \x01(\x01\x12\x13\n\x0bprocess_cpu\x18\x03 \x01(\x01\x12\x11\n\tread_rate\x18\x04 \x01(\x01\x12\x12\n\nwrite_rate\x18\x05 \x01(\x01\x12\x15\n\x08gpu_util\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tmain_wait\x18\x07 \x01(\x01\x42\x0b\n\t_gpu_util\"]\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x30\n\x05ranks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankState\"5\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xa3\x01\n\nChildStack\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\x05\x12\r\n\x05state\x18\x04 \x01(\t\x12-\n\x06\x66rames\x18\x05 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\r\n\x05moved\x18\x07 \x01(\x08\x12\x0b\n\x03\x63pu\x18\x08 \x01(\x01\"\xf5\x01\n\tRankStack\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x13\n\x0bwas_stopped\x18\x05 \x01(\x08\x12\x10\n\x08nccl_log\x18\x06 \x03(\t\x12\x12\n\nworker_log\x18\x07 \x03(\t\x12\x0f\n\x07samples\x18\x08 \x01(\r\x12\r\n\x05moved\x18\t \x01(\x08\x12\x34\n\x08\x63hildren\x18\n \x03(\x0b\x32\".torch_hang_watchdog.v1.ChildStack\"R\n\x0cStackRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0f\n\x07samples\x18\x04 \x01(\r\"a\n\nStackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x06stacks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankStack\"\x82\x01\n\x0c\x41gentMessage\x12\x34\n\x06report\x18\x01 \x01(\x0b\x32\".torch_hang_watchdog.v1.NodeReportH\x00\x12\x34\n\x06stacks\x18\x02 \x01(\x0b\x32\".torch_hang_watchdog.v1.StackReplyH\x00\x42\x06\n\x04\x62ody\"[\n\x12\x43oordinatorMessage\x12=\n\rstack_request\x18\x01 \x01(\x0b\x32$.torch_hang_watchdog.v1.StackRequestH\x00\x42\x06\n\x04\x62ody\".\n\rStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x01(\t\"\"\n\x0bStatusReply\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t2\xc4\x01\n\x0b\x43oordinator\x12_\n\x07\x43onnect\x12$.torch_hang_watchdog.v1.AgentMessage\x1a*.torch_hang_watchdog.v1.CoordinatorMessage(\x01\x30\x01\x12T\n\x06Status\x12%.torch_hang_watchdog.v1.StatusRequest\x1a#.torch_hang_watchdog.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ewatchdog.proto\x12\x16torch_hang_watchdog.v1\"\x81\x01\n\rGroupProgress\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x13\n\x0b\x65ntered_seq\x18\x03 \x01(\x04\x12\x12\n\nentered_op\x18\x04 \x01(\t\x12\x15\n\rcompleted_seq\x18\x05 \x01(\x04\x12\x12\n\nentered_at\x18\x06 \x01(\x01\"\xb9\x06\n\tRankState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0e\n\x06hooked\x18\x07 \x01(\x08\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x1a\n\rheartbeat_age\x18\t \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\n \x01(\x04\x12\x0e\n\x06\x65vents\x18\x0b \x01(\x04\x12\x15\n\rlast_event_at\x18\x0c \x01(\x01\x12\x35\n\x06groups\x18\r \x03(\x0b\x32%.torch_hang_watchdog.v1.GroupProgress\x12\r\n\x05phase\x18\x0e \x01(\t\x12\x11\n\tphase_age\x18\x0f \x01(\x01\x12\x15\n\rphase_timeout\x18\x10 \x01(\x01\x12\x16\n\texited_at\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\texit_code\x18\x12 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\nclean_exit\x18\x13 \x01(\x08\x12\x19\n\x0cprogress_age\x18\x14 \x01(\x01H\x03\x88\x01\x01\x12\x0f\n\x07gap_p99\x18\x15 \x01(\x01\x12\x0c\n\x04gaps\x18\x16 \x01(\x04\x12\x32\n\x08\x61\x63tivity\x18\x17 \x01(\x0b\x32 .torch_hang_watchdog.v1.Activity\x12\x18\n\x0b\x63ompile_age\x18\x18 \x01(\x01H\x04\x88\x01\x01\x12\x37\n\x0b\x65xit_reason\x18\x1e \x01(\x0b\x32\".torch_hang_watchdog.v1.ExitReason\x12\x0f\n\x07\x61ttempt\x18\x1f \x01(\r\x12\r\n\x05setup\x18  \x01(\t\x12\x16\n\tsetup_age\x18! \x01(\x01H\x05\x88\x01\x01\x12\x12\n\nrendezvous\x18\" \x01(\t\x12\x37\n\x08\x65vidence\x18( \x01(\x0b\x32%.torch_hang_watchdog.v1.CheckEvidenceB\x10\n\x0e_heartbeat_ageB\x0c\n\n_exited_atB\x0c\n\n_exit_codeB\x0f\n\r_progress_ageB\x0e\n\x0c_compile_ageB\x0c\n\n_setup_age\"\xb2\x02\n\rCheckEvidence\x12\x0e\n\x06\x63hecks\x18\x01 \x01(\r\x12\x39\n\x0c\x66ingerprints\x18\x02 \x03(\x0b\x32#.torch_hang_watchdog.v1.Fingerprint\x12\x16\n\x0eunsynced_steps\x18\x03 \x01(\x04\x12;\n\rsampler_reuse\x18\x04 \x01(\x0b\x32$.torch_hang_watchdog.v1.SamplerReuse\x12\x42\n\x11\x64\x64p_module_change\x18\x05 \x01(\x0b\x32\'.torch_hang_watchdog.v1.DdpModuleChange\x12=\n\x0enonfinite_loss\x18\x06 \x01(\x0b\x32%.torch_hang_watchdog.v1.NonfiniteLoss\"V\n\x0b\x46ingerprint\x12\n\n\x02of\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0e\n\x06module\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x06\"@\n\x0cSamplerReuse\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x12\n\nfirst_step\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"N\n\x0f\x44\x64pModuleChange\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0e\n\x06module\x18\x02 \x01(\r\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06\x63hange\x18\x04 \x01(\t\",\n\rNonfiniteLoss\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x01\"\x83\x01\n\nExitReason\x12\x11\n\texception\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x12\n\noom_killed\x18\x05 \x01(\x08\"\x9f\x01\n\x08\x41\x63tivity\x12\x0e\n\x06window\x18\x01 \x01(\x01\x12\x10\n\x08main_cpu\x18\x02 \x01(\x01\x12\x13\n\x0bprocess_cpu\x18\x03 \x01(\x01\x12\x11\n\tread_rate\x18\x04 \x01(\x01\x12\x12\n\nwrite_rate\x18\x05 \x01(\x01\x12\x15\n\x08gpu_util\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tmain_wait\x18\x07 \x01(\x01\x42\x0b\n\t_gpu_util\"]\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x30\n\x05ranks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankState\"5\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xa3\x01\n\nChildStack\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\x05\x12\r\n\x05state\x18\x04 \x01(\t\x12-\n\x06\x66rames\x18\x05 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\r\n\x05moved\x18\x07 \x01(\x08\x12\x0b\n\x03\x63pu\x18\x08 \x01(\x01\"\xf5\x01\n\tRankStack\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12-\n\x06\x66rames\x18\x03 \x03(\x0b\x32\x1d.torch_hang_watchdog.v1.Frame\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x13\n\x0bwas_stopped\x18\x05 \x01(\x08\x12\x10\n\x08nccl_log\x18\x06 \x03(\t\x12\x12\n\nworker_log\x18\x07 \x03(\t\x12\x0f\n\x07samples\x18\x08 \x01(\r\x12\r\n\x05moved\x18\t \x01(\x08\x12\x34\n\x08\x63hildren\x18\n \x03(\x0b\x32\".torch_hang_watchdog.v1.ChildStack\"R\n\x0cStackRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0f\n\x07samples\x18\x04 \x01(\r\"a\n\nStackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x31\n\x06stacks\x18\x03 \x03(\x0b\x32!.torch_hang_watchdog.v1.RankStack\"\x82\x01\n\x0c\x41gentMessage\x12\x34\n\x06report\x18\x01 \x01(\x0b\x32\".torch_hang_watchdog.v1.NodeReportH\x00\x12\x34\n\x06stacks\x18\x02 \x01(\x0b\x32\".torch_hang_watchdog.v1.StackReplyH\x00\x42\x06\n\x04\x62ody\"[\n\x12\x43oordinatorMessage\x12=\n\rstack_request\x18\x01 \x01(\x0b\x32$.torch_hang_watchdog.v1.StackRequestH\x00\x42\x06\n\x04\x62ody\".\n\rStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x01(\t\"\"\n\x0bStatusReply\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t2\xc4\x01\n\x0b\x43oordinator\x12_\n\x07\x43onnect\x12$.torch_hang_watchdog.v1.AgentMessage\x1a*.torch_hang_watchdog.v1.CoordinatorMessage(\x01\x30\x01\x12T\n\x06Status\x12%.torch_hang_watchdog.v1.StatusRequest\x1a#.torch_hang_watchdog.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,41 +34,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPPROGRESS']._serialized_start=43
   _globals['_GROUPPROGRESS']._serialized_end=172
   _globals['_RANKSTATE']._serialized_start=175
-  _globals['_RANKSTATE']._serialized_end=958
-  _globals['_CHECKEVIDENCE']._serialized_start=961
-  _globals['_CHECKEVIDENCE']._serialized_end=1267
-  _globals['_FINGERPRINT']._serialized_start=1269
-  _globals['_FINGERPRINT']._serialized_end=1355
-  _globals['_SAMPLERREUSE']._serialized_start=1357
-  _globals['_SAMPLERREUSE']._serialized_end=1421
-  _globals['_DDPMODULECHANGE']._serialized_start=1423
-  _globals['_DDPMODULECHANGE']._serialized_end=1501
-  _globals['_NONFINITELOSS']._serialized_start=1503
-  _globals['_NONFINITELOSS']._serialized_end=1547
-  _globals['_EXITREASON']._serialized_start=1550
-  _globals['_EXITREASON']._serialized_end=1681
-  _globals['_ACTIVITY']._serialized_start=1684
-  _globals['_ACTIVITY']._serialized_end=1843
-  _globals['_NODEREPORT']._serialized_start=1845
-  _globals['_NODEREPORT']._serialized_end=1938
-  _globals['_FRAME']._serialized_start=1940
-  _globals['_FRAME']._serialized_end=1993
-  _globals['_CHILDSTACK']._serialized_start=1996
-  _globals['_CHILDSTACK']._serialized_end=2159
-  _globals['_RANKSTACK']._serialized_start=2162
-  _globals['_RANKSTACK']._serialized_end=2407
-  _globals['_STACKREQUEST']._serialized_start=2409
-  _globals['_STACKREQUEST']._serialized_end=2491
-  _globals['_STACKREPLY']._serialized_start=2493
-  _globals['_STACKREPLY']._serialized_end=2590
-  _globals['_AGENTMESSAGE']._serialized_start=2593
-  _globals['_AGENTMESSAGE']._serialized_end=2723
-  _globals['_COORDINATORMESSAGE']._serialized_start=2725
-  _globals['_COORDINATORMESSAGE']._serialized_end=2816
-  _globals['_STATUSREQUEST']._serialized_start=2818
-  _globals['_STATUSREQUEST']._serialized_end=2864
-  _globals['_STATUSREPLY']._serialized_start=2866
-  _globals['_STATUSREPLY']._serialized_end=2900
-  _globals['_COORDINATOR']._serialized_start=2903
-  _globals['_COORDINATOR']._serialized_end=3099
+  _globals['_RANKSTATE']._serialized_end=1000
+  _globals['_CHECKEVIDENCE']._serialized_start=1003
+  _globals['_CHECKEVIDENCE']._serialized_end=1309
+  _globals['_FINGERPRINT']._serialized_start=1311
+  _globals['_FINGERPRINT']._serialized_end=1397
+  _globals['_SAMPLERREUSE']._serialized_start=1399
+  _globals['_SAMPLERREUSE']._serialized_end=1463
+  _globals['_DDPMODULECHANGE']._serialized_start=1465
+  _globals['_DDPMODULECHANGE']._serialized_end=1543
+  _globals['_NONFINITELOSS']._serialized_start=1545
+  _globals['_NONFINITELOSS']._serialized_end=1589
+  _globals['_EXITREASON']._serialized_start=1592
+  _globals['_EXITREASON']._serialized_end=1723
+  _globals['_ACTIVITY']._serialized_start=1726
+  _globals['_ACTIVITY']._serialized_end=1885
+  _globals['_NODEREPORT']._serialized_start=1887
+  _globals['_NODEREPORT']._serialized_end=1980
+  _globals['_FRAME']._serialized_start=1982
+  _globals['_FRAME']._serialized_end=2035
+  _globals['_CHILDSTACK']._serialized_start=2038
+  _globals['_CHILDSTACK']._serialized_end=2201
+  _globals['_RANKSTACK']._serialized_start=2204
+  _globals['_RANKSTACK']._serialized_end=2449
+  _globals['_STACKREQUEST']._serialized_start=2451
+  _globals['_STACKREQUEST']._serialized_end=2533
+  _globals['_STACKREPLY']._serialized_start=2535
+  _globals['_STACKREPLY']._serialized_end=2632
+  _globals['_AGENTMESSAGE']._serialized_start=2635
+  _globals['_AGENTMESSAGE']._serialized_end=2765
+  _globals['_COORDINATORMESSAGE']._serialized_start=2767
+  _globals['_COORDINATORMESSAGE']._serialized_end=2858
+  _globals['_STATUSREQUEST']._serialized_start=2860
+  _globals['_STATUSREQUEST']._serialized_end=2906
+  _globals['_STATUSREPLY']._serialized_start=2908
+  _globals['_STATUSREPLY']._serialized_end=2942
+  _globals['_COORDINATOR']._serialized_start=2945
+  _globals['_COORDINATOR']._serialized_end=3141
 # @@protoc_insertion_point(module_scope)

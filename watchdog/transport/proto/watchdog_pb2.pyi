@@ -82,6 +82,7 @@ class RankState(_message.Message):
     GAP_P99_FIELD_NUMBER: _builtins.int
     GAPS_FIELD_NUMBER: _builtins.int
     ACTIVITY_FIELD_NUMBER: _builtins.int
+    COMPILE_AGE_FIELD_NUMBER: _builtins.int
     EXIT_REASON_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     SETUP_FIELD_NUMBER: _builtins.int
@@ -111,6 +112,8 @@ class RankState(_message.Message):
     gap_p99: _builtins.float
     """p99 of the hook's own gaps between progress (from the first optimizer step on), and how many."""
     gaps: _builtins.int
+    compile_age: _builtins.float
+    """Seconds since the compile under way (torch.compile) began, by the agent's clock; unset: none."""
     attempt: _builtins.int
     """torchrun's restart count"""
     setup: _builtins.str
@@ -159,6 +162,7 @@ class RankState(_message.Message):
         gap_p99: _builtins.float = ...,
         gaps: _builtins.int = ...,
         activity: Global___Activity | None = ...,
+        compile_age: _builtins.float | None = ...,
         exit_reason: Global___ExitReason | None = ...,
         attempt: _builtins.int = ...,
         setup: _builtins.str = ...,
@@ -166,10 +170,12 @@ class RankState(_message.Message):
         rendezvous: _builtins.str = ...,
         evidence: Global___CheckEvidence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "compile_age", b"compile_age", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__compile_age: _TypeAlias = _typing.Literal["compile_age"]  # noqa: Y015
+    _WhichOneofArgType__compile_age: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age"]  # noqa: Y015
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     _WhichOneofReturnType__exited_at: _TypeAlias = _typing.Literal["exited_at"]  # noqa: Y015
@@ -180,6 +186,8 @@ class RankState(_message.Message):
     _WhichOneofArgType__progress_age: _TypeAlias = _typing.Literal["_progress_age", b"_progress_age"]  # noqa: Y015
     _WhichOneofReturnType__setup_age: _TypeAlias = _typing.Literal["setup_age"]  # noqa: Y015
     _WhichOneofArgType__setup_age: _TypeAlias = _typing.Literal["_setup_age", b"_setup_age"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__compile_age) -> _WhichOneofReturnType__compile_age | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
     @_typing.overload
