@@ -124,3 +124,13 @@ def test_a_rank_waiting_for_a_file_lock_a_busy_peer_holds_is_no_culprit() -> Non
                                                    *snap.ranks[1:])))
     assert idle is not None and idle.kind is Kind.MISSING_RANKS
     assert 1 in idle.culprit_ranks
+
+
+def test_the_hook_says_a_rank_compiles_where_no_stack_was_taken_and_a_stack_has_the_last_word(
+        ) -> None:
+    told = rank(1, entered(11, 3.0), activity=IDLE, compile_age=12.0)
+    assert progress_sign(told, None, 42.0) == "compiling (torch.compile)"
+    # The hook missed the end of a compile (torch._dynamo.reset() drops its callbacks): the
+    # stack, blocked in the rank's own data, says otherwise.
+    assert progress_sign(told, RankStack(1, 4243, DATA_STALL), 42.0) == ""
+    assert progress_sign(told, RankStack(1, 4243, CACHE_LOCK), 42.0).startswith("compiling")

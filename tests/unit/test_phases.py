@@ -123,6 +123,23 @@ def test_short_evaluations_that_recur_never_enter_the_pace() -> None:
     assert life.threshold() == POLICY.floor
 
 
+def test_a_recompile_inside_ddps_forward_never_enters_the_pace() -> None:
+    """Every rank compiles a new shape for 8 s, inside DDP's forward (all-reduce pending by
+    its hook), twelve times: no step of training, so never the pace."""
+    life = Life()
+    for _ in range(12):
+        life.train(4.0)
+        seq = life.events // 4
+
+        def compiling(r: int, seq: int = seq) -> RankState:
+            return rank(r, entered(seq + 1, 0.0), steps=seq, events=life.events,
+                        activity=IDLE, compile_age=1.0)  # waiting for the C++ compiler
+
+        life.quiet(8.0, compiling)
+    life.train(1.0)
+    assert life.threshold() == POLICY.floor
+
+
 def test_a_slow_read_on_every_step_is_the_rhythm_and_raises_the_threshold() -> None:
     """Ranks idle outside any collective (a slow filesystem): not a phase, so it is the pace,
     once it came back three times (one long gap alone is an event)."""

@@ -196,6 +196,14 @@ def compiling(frames: Sequence[Frame]) -> bool:
     return any(_compile_site(frame.file) for frame in frames)
 
 
+def is_compiling(rank: RankState, stack: RankStack | None) -> bool:
+    """Whether the rank compiles: by its stack where one was taken, which also sees a rank
+    without the hook; else by its hook, which dynamo tells when a compile begins and ends."""
+    if stack is not None and stack.frames:
+        return compiling(stack.frames)
+    return rank.compile_age is not None
+
+
 @functools.lru_cache(maxsize=4096)
 def _compile_site(file: str) -> bool:
     return _COMPILE_SITE.search(file) is not None
@@ -232,7 +240,7 @@ def progress_sign(rank: RankState, stack: RankStack | None, stalled_for: float) 
     """
     if not rank.alive or is_stopped(rank, stack):
         return ""
-    signs = ["compiling (torch.compile)"] if stack is not None and compiling(stack.frames) else []
+    signs = ["compiling (torch.compile)"] if is_compiling(rank, stack) else []
     work = rank.activity
     if 0 < work.window <= stalled_for:
         for verb, rate in (("reading", work.read_rate), ("writing", work.write_rate)):

@@ -232,14 +232,18 @@ class JobView:
         steps of training: a rank is inside a declared phase, or no live rank is idle outside a
         collective and some rank works outside one (an evaluation on every rank; one rank's
         checkpoint while the others wait for it). A rank idle outside any collective may be
-        the rhythm itself (a slow read every step), so it keeps the spell in the pace. A rank's
+        the rhythm itself (a slow read every step), so it keeps the spell in the pace; a rank
+        compiling is working (a compile at a new shape is no step of training). A rank's
         activity counts over its own quiet time: the agent measures it from the rank's last
         progress, which may precede the job's last by a moment."""
         if any(in_open_phase(self.ranks[r]) for r in self._in_phase):
             return True
         working = False
         for rank in self.ranks.values():
-            if not rank.alive or any(progress.pending for progress in rank.groups):
+            # A rank compiling works, though its hook counts it in DDP's all-reduce: it
+            # compiles inside the forward.
+            if not rank.alive or (rank.compile_age is None and any(
+                    progress.pending for progress in rank.groups)):
                 continue
             if not progress_sign(rank, None, max(quiet, rank.progress_age or 0.0)):
                 return False
