@@ -236,8 +236,8 @@ def joining(number: int, age: float = 30.0, **changes: object) -> RankState:
 POLICY = StallPolicy(warmup=60.0)
 
 
-def view(*states: RankState) -> JobView:
-    job = JobView("job", POLICY)
+def view(*states: RankState, policy: StallPolicy = POLICY) -> JobView:
+    job = JobView("job", policy)
     for state in states:
         job.update(f"node-{state.rank // 2}", state)
     return job

@@ -100,11 +100,12 @@ def test_status_with_no_flags_finds_the_running_job(hung_run: HungRun) -> None:
     assert sorted(r["rank"] for r in job["ranks"]) == [0, 1, 2, 3]
     assert job["verdict"]["id"] == hung_run.incident["id"]
     assert job["verdict"]["culprit_ranks"] == [2]
-    # the contract's keys, and beside them the job's groups of ranks alike, warnings and flagged
-    # ranks (none here: 4 ranks are each listed in full)
-    assert set(job) == {"job_id", "state", "world_size", "nodes", "ranks", "rank_groups",
-                        "verdict", "findings", "flagged"}
-    assert (job["rank_groups"], job["findings"], job["flagged"]) == ([], [], [])
+    # the contract's keys, and beside them the job's attempt, groups of ranks alike, warnings
+    # and flagged ranks (none here: 4 ranks are each listed in full)
+    assert set(job) == {"job_id", "attempt", "state", "world_size", "nodes", "ranks",
+                        "rank_groups", "verdict", "findings", "flagged"}
+    assert (job["attempt"], job["rank_groups"], job["findings"], job["flagged"]) == (0, [], [],
+                                                                                    [])
 
 
 def test_a_run_that_does_not_answer_is_skipped_with_a_note(hung_run: HungRun) -> None:

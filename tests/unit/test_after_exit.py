@@ -7,6 +7,7 @@ import pytest
 
 from tests.helpers.builders import JOB, T0, done, entered, exited, joining, rank, view
 from watchdog.coordinator.after_exit import AfterExit, StillHung, after_exit
+from watchdog.coordinator.stall import StallPolicy
 from watchdog.model import RankState
 
 EXIT = {"id": "e1", "job_id": JOB, "kind": "RANK_EXITED", "severity": "hang",
@@ -73,3 +74,12 @@ def test_an_exit_the_view_does_not_hold_is_never_followed() -> None:
     job = view(*WAITING)
     job.observe(T0 + 3.0)
     assert after_exit(job, EXIT, T0 + 60.0) is AfterExit.NEVER
+
+
+def test_the_launcher_gets_the_floor_whatever_a_short_stall_timeout_says() -> None:
+    """`--stall-timeout 3`: a stall is a hang after 3 s, but ending peers whose connection to
+    the rank that left just dropped takes the launcher seconds on a loaded node."""
+    job = view(*WAITING, LEFT, policy=StallPolicy(fixed=3.0))
+    job.observe(T0 + 3.0)
+    assert after_exit(job, EXIT, T0 + 9.0) is AfterExit.NOT_YET
+    assert isinstance(after_exit(job, EXIT, T0 + 15.0), StillHung)

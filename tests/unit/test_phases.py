@@ -123,6 +123,22 @@ def test_short_evaluations_that_recur_never_enter_the_pace() -> None:
     assert life.threshold() == POLICY.floor
 
 
+def test_phases_count_toward_the_gaps_that_replace_the_hooks_pace() -> None:
+    """A short evaluation every 2 steps: between phases the coordinator keeps a gap or two of
+    training, fewer than 8 in all, while each hook's own pace holds every evaluation (5 s).
+    The phases seen count toward enough gaps: the training's own set the threshold, not the
+    hooks' (25 s)."""
+    life = Life()
+    hooks = Pace(gap_p99=5.0, gaps=40)
+    for _ in range(4):
+        life.train(0.5)
+        life.quiet(5.0, life.same(activity=COMPUTING, pace=hooks))
+    life.train(0.5)
+    life.report(life.same(pace=hooks))
+    assert life.job.hook_p99 == 5.0 and len(life.job.tracker._gaps) < POLICY.min_samples
+    assert life.threshold() == POLICY.floor
+
+
 def test_a_recompile_inside_ddps_forward_never_enters_the_pace() -> None:
     """Every rank compiles a new shape for 8 s, inside DDP's forward (all-reduce pending by
     its hook), twelve times: no step of training, so never the pace."""

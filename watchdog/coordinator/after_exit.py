@@ -5,10 +5,10 @@ An exit is the launcher's to handle: torchrun stops the other workers itself and
 fails the job, so nothing ends a job because a rank exited (a RANK_EXITED incident). What is
 left hung is another matter: a rank that exits 0 early while its peers wait for it forever
 (torchrun waits for every worker). The job is still hung when, the job's evidence threshold
-after the exit (the warm-up aside), its live ranks all wait (in a collective or a set-up call,
-by their hooks), the job made no progress for that long, and no other rank ended except by
-finishing cleanly (a rank the launcher ended, or a peer that failed, which the launcher then
-handles).
+after the exit (the warm-up aside; never less than the floor, the launcher's time to act), its
+live ranks all wait (in a collective or a set-up call, by their hooks), the job made no
+progress for that long, and no other rank ended except by finishing cleanly (a rank the
+launcher ended, or a peer that failed, which the launcher then handles).
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def after_exit(job: JobView, exit_incident: Mapping[str, Any],
                     default=None)
     if exited_at is None or job.live == 0 or _others_ended(job, culprits):
         return AfterExit.NEVER
-    threshold, quiet = job.evidence_threshold(), job.tracker.stalled_for(now)
+    # The launcher gets the floor at least, whatever --stall-timeout says: on a loaded node
+    # its peers' own errors (a closed connection) take seconds to end them.
+    threshold = max(job.evidence_threshold(), job.policy.floor)
+    quiet = job.tracker.stalled_for(now)
     if now - quiet > exited_at + threshold:
         return AfterExit.NEVER  # progress a threshold past the exit: they did not need it
     if not job.all_waiting or min(now - exited_at, quiet) < threshold:

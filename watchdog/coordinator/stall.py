@@ -42,6 +42,7 @@ class ProgressTracker:
         self._events: int | None = None
         self._changed_at: float | None = None
         self._warm = False  # whether the job was past start-up at the last change
+        self._phases = 0  # gaps past start-up left out as phases
 
     def observe(self, events_total: int, now: float, progress_at: float | None = None,
                 warm: bool = True, phase: bool = False) -> bool:
@@ -59,7 +60,9 @@ class ProgressTracker:
                 and changed_at <= self._changed_at:
             self._events = events_total
             return False
-        if self._changed_at is not None and self._warm and not phase:
+        if self._changed_at is not None and self._warm and phase:
+            self._phases += 1
+        elif self._changed_at is not None and self._warm:
             self._gaps.append(changed_at - self._changed_at)
             self._own_pace = None
         self._events, self._changed_at, self._warm = events_total, changed_at, warm
@@ -67,9 +70,11 @@ class ProgressTracker:
 
     def pace(self, hook_p99: float | None = None) -> float | None:
         """The job's usual gap between progress: of the gaps seen here once there are enough of
-        them (a job-wide gap, the one a stall is measured against, with the phases left out),
-        else the slowest paced rank's own (`hook_p99`); None while neither is known."""
-        if len(self._gaps) < self.policy.min_samples:
+        them (a job-wide gap, the one a stall is measured against, with the phases left out,
+        though counted toward enough: the hooks' own gaps hold every phase, a short evaluation
+        every few steps made them its pace), else the slowest paced rank's own (`hook_p99`);
+        None while neither is known."""
+        if not self._gaps or len(self._gaps) + self._phases < self.policy.min_samples:
             return hook_p99
         if self._own_pace is None:
             self._own_pace = steady_p99(self._gaps)
