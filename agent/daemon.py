@@ -2,7 +2,7 @@
 
 The scan runs whether or not a coordinator is reachable, so exits are timed where they happen;
 the stream reconnects with backoff and resends full state each interval (a large job's report
-that says only that its ranks progressed is held back once: `news`).
+that says only that its ranks progressed is held back once: `holdback`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import grpc
 from agent.budget import StackBudget
 from agent.exits import ExitObserver
 from agent.gpu import GpuSampler
-from agent.news import News
+from agent.holdback import Holdback
 from agent.rankstate import rank_state
 from agent.stacks import dump_stacks
 from agent.table import WorkerTable
@@ -60,7 +60,7 @@ class Agent:
         self.heartbeat = time.monotonic()  # the last scan: the daemon's health
         self._written: float | None = None  # when the stream last took a message; None: down
         self._stack_budget = StackBudget()
-        self._news = News()
+        self._holdback = Holdback()
         self._warned_pinned = False
 
     def scan(self) -> NodeReport:
@@ -106,7 +106,7 @@ class Agent:
             try:
                 started = time.monotonic()
                 report = await asyncio.to_thread(self.scan)
-                if self._news.worth_sending(report, self.stream_up() and self._outbox.empty()):
+                if self._holdback.worth_sending(report, self.stream_up() and self._outbox.empty()):
                     self._offer(report)
                 took = time.monotonic() - started
                 if took > SLOW_SCAN_S:  # the coordinator may take this node for lost

@@ -7,7 +7,7 @@ coordinator reads as range(world_size) for group "0"; a hook lists at most MAX_L
 live: a real coordinator process (Coordinator + start_server on loopback) and a load-generator
    process playing one agent per node, one Connect stream each, reporting at 1 Hz with DDP's
    all_reduce advancing (a report that says only that every rank progressed held back once,
-   as the real agent does: agent/news.py). Measured over a steady window: what the coordinator
+   as the real agent does: agent/holdback.py). Measured over a steady window: what the coordinator
    ingested (reports/s and rank states/s), its CPU (cores) and RSS; then cProfile over a
    second window. Then the job hangs (one rank stops, the others wait in the next all_reduce;
    the agents answer stack requests) and the coordinator's own timestamps give: the cost of
@@ -57,7 +57,7 @@ from tests.helpers.loadgen import (
     run_agents,
     serve_coordinator,
 )
-from watchdog.coordinator.collection import sparing_full_collections
+from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.service import Coordinator
 from watchdog.coordinator.stall import StallPolicy

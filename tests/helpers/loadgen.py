@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from agent.news import News
+from agent.holdback import Holdback
 from tests.helpers.builders import DDP_BACKWARD, SITE, TRAIN
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.service import Coordinator
@@ -155,7 +155,7 @@ class _Counters:
 
 class _SimAgent:
     """One node's agent: a full-state report each second, but one that says only that its ranks
-    progressed held back once, as the real agent does (`agent.news`); stacks on request."""
+    progressed held back once, as the real agent does (`agent.holdback`); stacks on request."""
 
     def __init__(self, sim: SimJob, node: int, counters: _Counters,
                  members: pb.GroupProgress) -> None:
@@ -166,7 +166,7 @@ class _SimAgent:
             rank.groups[0].MergeFrom(members)
         self.outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()  # None: a report
         self.report_queued = False
-        self.news = News()
+        self.holdback = Holdback()
 
     async def run(self, stub: pb_grpc.CoordinatorAsyncStub) -> None:
         """Stream until cancelled; a failed stream is recorded and reopened after a backoff, as
@@ -212,7 +212,7 @@ class _SimAgent:
                 continue
             self.report_queued = False
             report = self.sim.report(self.node, time.time())
-            if not self.news.worth_sending(report, delivered=True):
+            if not self.holdback.worth_sending(report, delivered=True):
                 continue
             _refresh(self.message.report, report)
             self.counters.reports += 1

@@ -25,7 +25,7 @@ from tests.helpers.harness import (
     watched_run,
 )
 from watchdog.cli.demo import torchrun_command
-from watchdog.coordinator.hearing import NODE_TIMEOUT_S
+from watchdog.coordinator.node_silence import NODE_TIMEOUT_S
 
 DEFAULTS = ("--on-hang", "kill")
 

@@ -19,8 +19,8 @@ from watchdog import metrics
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.after_exit import StillHung
-from watchdog.coordinator.collection import FULL_EVERY, sparing_full_collections
-from watchdog.coordinator.hearing import NODE_TIMEOUT_S
+from watchdog.coordinator.garbage_collection import FULL_EVERY, sparing_full_collections
+from watchdog.coordinator.node_silence import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
 from watchdog.model import EVERY_JOB, NodeReport, RankState
 
@@ -39,11 +39,11 @@ def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
     for second in range(5):  # one report a second
         hub.ingest(report("node-a", rank(0)), T0 + second)
     last = T0 + 4
-    assert hub.hearing.silence("node-a", last + 2.9) == (False, False)
-    assert hub.hearing.silence("node-a", last + 3.1) == (True, False)
-    assert hub.hearing.silence("node-a", last + NODE_TIMEOUT_S + 0.1) == (True, True)
+    assert hub.nodes.silence("node-a", last + 2.9) == (False, False)
+    assert hub.nodes.silence("node-a", last + 3.1) == (True, False)
+    assert hub.nodes.silence("node-a", last + NODE_TIMEOUT_S + 0.1) == (True, True)
     hub.ingest(report("node-a", rank(0)), last + NODE_TIMEOUT_S + 1)
-    assert hub.hearing.silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
+    assert hub.nodes.silence("node-a", last + NODE_TIMEOUT_S + 1.5) == (False, False)
 
 
 def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
@@ -58,7 +58,7 @@ def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
     hub.ingest(report("node-b", rank(0, job_id="old")), T0 + 200)  # a job seen again is new
     hub.forget_old(T0 + 200)
     assert sorted(hub.jobs) == ["old"]
-    assert hub.hearing.silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
+    assert hub.nodes.silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
 
 
 def test_at_the_job_limit_the_job_reported_least_recently_makes_room(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_the_latest_hook_stamp_dates_the_jobs_progress() -> None:
 
 
 def test_late_news_of_old_progress_does_not_restart_the_stall_clock() -> None:
-    """A large job's node reports its ranks' progress up to an interval late (`agent.news`):
+    """A large job's node reports its ranks' progress up to an interval late (`agent.holdback`):
     dated by the hooks, the job's last progress stays the latest of them; a change no hook
     dated (a rank without a hook, a rank starting) is dated by its arrival."""
     job = view(*(joined(r) for r in range(4)))

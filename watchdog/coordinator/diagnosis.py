@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from watchdog.coordinator.evidence import culprit_place
-from watchdog.coordinator.hearing import Hearing
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView
+from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.verdict import decide
 from watchdog.model import JobSnapshot, Kind, RankStack, Severity, Verdict
@@ -37,7 +37,7 @@ def verdict_to_tell(job: JobView, snapshot: JobSnapshot, now: float,
 
 
 def late_but_alive(job: JobView, unreachable: tuple[str, ...], stacks: dict[int, RankStack],
-                   hearing: Hearing, now: float) -> bool:
+                   nodes: NodeSilence, now: float) -> bool:
     """Whether a node taken for unreachable answered for its ranks' stacks just now: its
     agent lives, only its reports are late (a slow scan), so its ranks' state is not known
     yet and nothing can be said."""
@@ -46,7 +46,7 @@ def late_but_alive(job: JobView, unreachable: tuple[str, ...], stacks: dict[int,
     if late:
         log.warning("job %s: node %s answered for stacks but sent no report for %.0f s; "
                     "looking again later", printable(job.job_id), printable(late[0]),
-                    hearing.age(late[0], now))
+                    nodes.age(late[0], now))
     return bool(late)
 
 

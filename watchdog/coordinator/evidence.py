@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TypeVar
 
+from watchdog.bounded import BoundedTable
 from watchdog.collectives import WAITS_FOR_PEERS
-from watchdog.kept import BoundedTable
 from watchdog.model import (
     DATALOADER_WORKER,
     WORLD_GROUP,
@@ -76,7 +76,7 @@ _FILE_LOCK = re.compile(r"[/\\]filelock[/\\]|[/\\]torch[/\\]utils[/\\]_filelock\
 
 
 Answer = TypeVar("Answer")
-# Frames of the stacks each question's answers are kept for (`kept`): a hundred stacks as they
+# Frames of the stacks each question's answers are kept for (`bounded`): a hundred stacks as they
 # are, 32 MiB at most with every name at MAX_TEXT.
 MEMO_FRAMES = 4096
 

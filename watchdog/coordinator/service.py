@@ -28,11 +28,11 @@ from typing import Any
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.after_exit import AfterExit, StillHung, after_exit
-from watchdog.coordinator.collection import sparing_full_collections
 from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
-from watchdog.coordinator.hearing import Hearing
+from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView, is_hang
+from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
 from watchdog.coordinator.settle import settle_exits
@@ -85,7 +85,7 @@ class Coordinator:
         self.still_hung_listeners: list[StillHungListener] = []
         self.sessions = Sessions()
         self.admission = Admission(policy)
-        self.hearing = Hearing(tick)
+        self.nodes = NodeSilence(tick)
         self._job_seen: dict[str, float] = {}
         self.stacks = StackRequests(self.sessions)
         self._swept_at = 0.0
@@ -109,7 +109,7 @@ class Coordinator:
         if isinstance(message, NodeReport):
             now = time.time()
             if self.sessions.bind(session, message.node,
-                                  self.hearing.silence(message.node, now)[0]):
+                                  self.nodes.silence(message.node, now)[0]):
                 self.ingest(message, now)
         else:
             self.sessions.answer(session, message)
@@ -130,7 +130,7 @@ class Coordinator:
     # -- state --
     def ingest(self, report: NodeReport, now: float) -> None:
         """Take one node report, received at `now`."""
-        self.hearing.heard(report.node, now)
+        self.nodes.heard(report.node, now)
         metrics.REPORTS.inc()
         flagged: set[str] = set()
         job: JobView | None = None
@@ -168,9 +168,9 @@ class Coordinator:
         for job_id in [j for j, seen in self._job_seen.items() if now - seen > self.job_retention]:
             if not self.jobs[job_id].evaluating:
                 self._forget_job(job_id)
-        for node in self.hearing.quiet_for(self.job_retention, now):
+        for node in self.nodes.quiet_for(self.job_retention, now):
             if self.sessions.session_of(node) is None:
-                self.hearing.forget(node)
+                self.nodes.forget(node)
 
     def job_status(self, job: JobView, now: float, wanted: Collection[int] = ()) -> dict[str, Any]:
         """A job as `watchdog status --json` gives it; a large one's ranks grouped, but for its
@@ -196,7 +196,7 @@ class Coordinator:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             now = time.time()
-            paused = self.hearing.turn(now)
+            paused = self.nodes.turn(now)
             if paused:
                 log.warning("the coordinator did not run for %.1f s (the machine paused, the "
                             "clock stepped or the loop starved): no node is blamed for it", paused)
@@ -214,7 +214,7 @@ class Coordinator:
         """The job's unreachable nodes, or None while one is silent but not yet unreachable."""
         unreachable = []
         for node in sorted(set(job.nodes.values())):
-            silent, lost = self.hearing.silence(node, now)
+            silent, lost = self.nodes.silence(node, now)
             if silent and not lost:
                 return None
             if lost:
@@ -316,7 +316,7 @@ class Coordinator:
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
             stacks = await self.stacks.gather(job, live, STACK_SAMPLES if stalled else 1)
             now = time.time()
-            if late_but_alive(job, unreachable, stacks, self.hearing, now):
+            if late_but_alive(job, unreachable, stacks, self.nodes, now):
                 job.hold(now + RECHECK_S)
                 return
             snapshot = job.snapshot(now, stacks, unreachable, early)

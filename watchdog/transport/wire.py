@@ -20,8 +20,8 @@ from typing import TypeVar
 # claiming a larger world is no rank of any job, and would make every list of "the world's
 # ranks" that large. Imported "as" itself: re-exported.
 from watchdog.beacon.layout import MAX_WORLD as MAX_WORLD
+from watchdog.bounded import BoundedTable
 from watchdog.errors import MessageRejectedError
-from watchdog.kept import BoundedTable
 from watchdog.model import (
     CHECK_KINDS,
     DATALOADER_WORKER,
@@ -57,7 +57,7 @@ MAX_LOG_LINES = 200
 MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
 MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
 MAX_ATTEMPT = 1 << 20
-SHARED_BYTES = 8 << 20  # of the distinct stacks kept for ranks alike to share (`kept`)
+SHARED_BYTES = 8 << 20  # of the distinct stacks kept for ranks alike to share (`bounded`)
 MAX_CHILDREN = 16  # child processes of one rank whose stacks come along (the agent keeps to it)
 MAX_CHILD_FRAMES = 128  # a DataLoader worker's stack is a dozen frames deep (the agent cuts)
 MAX_PID = 1 << 22  # the kernel's own limit (pid_max)

@@ -12,7 +12,7 @@ SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing 
 PAUSE_S = 2.0  # a turn of the coordinator's loop this much late: it heard nothing meanwhile
 
 
-class Hearing:
+class NodeSilence:
     def __init__(self, tick: float) -> None:
         self.tick = tick
         self._seen: dict[str, float] = {}

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.news import QUIET_WORLD
+from agent.holdback import QUIET_WORLD
 from tests.helpers.harness import WATCHDOG, job_env, stop_process
 from tests.helpers.scrape import scrape, value
 from tests.helpers.secured import coordinator

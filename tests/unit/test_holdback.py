@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.news import QUIET_WORLD, News
+from agent.holdback import QUIET_WORLD, Holdback
 from tests.helpers.builders import T0, rank
 from tests.helpers.loadgen import SimJob
 from watchdog.model import CheckEvidence, ExitReason, GroupProgress, NodeReport
@@ -16,13 +16,13 @@ from watchdog.model import CheckEvidence, ExitReason, GroupProgress, NodeReport
 LARGE = SimJob(4 * QUIET_WORLD, compact=True, started_at=T0)
 
 
-def sent(news: News, reports: list[NodeReport], delivered: bool = True) -> list[bool]:
-    return [news.worth_sending(report, delivered) for report in reports]
+def sent(holdback: Holdback, reports: list[NodeReport], delivered: bool = True) -> list[bool]:
+    return [holdback.worth_sending(report, delivered) for report in reports]
 
 
 def test_a_large_jobs_progress_alone_is_held_back_once_in_two() -> None:
     reports = [LARGE.report(3, T0 + 10 + s) for s in range(6)]
-    assert sent(News(), reports) == [True, False] * 3
+    assert sent(Holdback(), reports) == [True, False] * 3
 
 
 def test_a_stall_is_sent_at_once_and_then_every_interval() -> None:
@@ -30,13 +30,13 @@ def test_a_stall_is_sent_at_once_and_then_every_interval() -> None:
     reports = [hung.report(node, T0 + 10 + s) for node in (LARGE.culprit // 8, 0)
                for s in range(5)]
     # progressing at 10 and 11 (the second held), then nothing moves: every report goes
-    assert sent(News(), reports[:5]) == [True, False, True, True, True]
-    assert sent(News(), reports[5:]) == [True, False, True, True, True]  # the waiting ranks too
+    assert sent(Holdback(), reports[:5]) == [True, False, True, True, True]
+    assert sent(Holdback(), reports[5:]) == [True, False, True, True, True]  # the waiting ranks too
 
 
 def test_a_report_whose_last_did_not_leave_the_agent_is_sent() -> None:
     reports = [LARGE.report(3, T0 + 10 + s) for s in range(4)]
-    assert sent(News(), reports, delivered=False) == [True] * 4
+    assert sent(Holdback(), reports, delivered=False) == [True] * 4
 
 
 def progressing(world: int, at: int, **changes: Any) -> NodeReport:
@@ -49,8 +49,8 @@ def progressing(world: int, at: int, **changes: Any) -> NodeReport:
 
 def test_every_report_of_a_small_job_is_sent() -> None:
     reports = [progressing(QUIET_WORLD - 1, at) for at in range(4)]
-    assert sent(News(), reports) == [True] * 4
-    assert sent(News(), [progressing(QUIET_WORLD, at) for at in range(4)]) == [True, False] * 2
+    assert sent(Holdback(), reports) == [True] * 4
+    assert sent(Holdback(), [progressing(QUIET_WORLD, at) for at in range(4)]) == [True, False] * 2
 
 
 NEWS: dict[str, dict[str, Any]] = {
@@ -70,21 +70,21 @@ NEWS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("change", NEWS.values(), ids=NEWS.keys())
 def test_anything_besides_progress_is_sent_at_once(change: dict[str, Any]) -> None:
-    news = News()
-    assert news.worth_sending(progressing(QUIET_WORLD, 0), True)
-    assert news.worth_sending(progressing(QUIET_WORLD, 1, **change), True)
+    holdback = Holdback()
+    assert holdback.worth_sending(progressing(QUIET_WORLD, 0), True)
+    assert holdback.worth_sending(progressing(QUIET_WORLD, 1, **change), True)
 
 
 def test_a_rank_come_or_gone_is_sent() -> None:
-    news = News()
+    holdback = Holdback()
     two = progressing(QUIET_WORLD, 0)
-    assert news.worth_sending(two, True)
-    assert news.worth_sending(dataclasses.replace(two, ranks=two.ranks[:1]), True)
-    assert news.worth_sending(two, True)
+    assert holdback.worth_sending(two, True)
+    assert holdback.worth_sending(dataclasses.replace(two, ranks=two.ranks[:1]), True)
+    assert holdback.worth_sending(two, True)
 
 
 def test_its_activity_and_process_state_alone_are_no_news() -> None:
-    news = News()
-    assert news.worth_sending(progressing(QUIET_WORLD, 0), True)
-    assert not news.worth_sending(progressing(QUIET_WORLD, 1, proc_state="R",
+    holdback = Holdback()
+    assert holdback.worth_sending(progressing(QUIET_WORLD, 0), True)
+    assert not holdback.worth_sending(progressing(QUIET_WORLD, 1, proc_state="R",
                                               heartbeat_age=0.9, progress_age=0.3), True)

@@ -23,7 +23,7 @@ MAX_HELD = 1  # reports held back in a row
 
 
 @dataclass
-class News:
+class Holdback:
     """The report last sent, against which the next one is judged."""
 
     sent: NodeReport | None = None
