@@ -91,7 +91,7 @@ IN_RENDEZVOUS = (
     Frame("init_process_group", f"{SITE}/torch/distributed/distributed_c10d.py", 1899),
     Frame("_time_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 97),
     Frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
-    Frame("_setting_up.<locals>.wrapper", str(PACKAGE / "hook" / "patches" / "setup.py"), 69),
+    Frame("_setting_up.<locals>.wrapper", str(PACKAGE / "hook" / "patches" / "group_setup.py"), 69),
     Frame("main", str(PACKAGE / "demo" / "train.py"), 94),
     Frame("<module>", str(PACKAGE / "demo" / "train.py"), 128),
 )

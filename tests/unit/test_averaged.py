@@ -19,7 +19,7 @@ from agent.rankstate import check_evidence
 from tests.helpers.builders import JOB, T0, rank
 from tests.helpers.recorders import ALL, published, recorder
 from watchdog.beacon import BeaconWriter, CheckState, Identity
-from watchdog.coordinator.findings import SETTLE_S, FindingTracker
+from watchdog.coordinator.silent_bugs import SETTLE_S, FindingTracker
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.c10d import wrap_collective

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from watchdog.explain import (
     CulpritLedger,
-    Finding,
     FirstFailure,
     InferredFinding,
+    LogFinding,
     SummaryFinding,
     classify_line,
     explain_lines,
@@ -72,12 +72,12 @@ FIXTURE_FINDINGS: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {
 }
 
 
-def line_findings(findings: list[Finding]) -> dict[int, tuple[str, tuple[int, ...]]]:
+def line_findings(findings: list[LogFinding]) -> dict[int, tuple[str, tuple[int, ...]]]:
     plain = [f for f in findings if not isinstance(f, SummaryFinding | InferredFinding)]
     return {finding.line_no: (finding.category, finding.ranks) for finding in plain}
 
 
-def explain_file(path: Path) -> list[Finding]:
+def explain_file(path: Path) -> list[LogFinding]:
     with path.open(encoding="utf-8") as stream:
         return list(explain_lines(stream))
 
@@ -95,7 +95,7 @@ def test_every_fixture_line(name: str) -> None:
     assert {n: (f.category, f.ranks) for n, f in alone.items() if f} == FIXTURE_FINDINGS[name]
 
 
-def first_failure(findings: list[Finding]) -> Finding | None:
+def first_failure(findings: list[LogFinding]) -> LogFinding | None:
     """What `watchdog explain` names as the first failure of these findings."""
     chooser = FirstFailure()
     for finding in findings:
@@ -104,7 +104,7 @@ def first_failure(findings: list[Finding]) -> Finding | None:
     return chosen[0] if chosen else None
 
 
-def early_exit_culprit(findings: list[Finding]) -> InferredFinding | None:
+def early_exit_culprit(findings: list[LogFinding]) -> InferredFinding | None:
     """The early-exit inference recomputed from findings already made."""
     ledger = CulpritLedger()
     for finding in findings:

@@ -27,8 +27,8 @@ from watchdog.beacon import (
 )
 from watchdog.hook import lifecycle
 from watchdog.hook.exit_reason import INNERMOST, describe
+from watchdog.hook.patches.group_setup import rank_and_world, rendezvous
 from watchdog.hook.patches.install import TorchPatches
-from watchdog.hook.patches.setup import rank_and_world, rendezvous
 from watchdog.hook.recorder import Recorder
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")

@@ -29,7 +29,7 @@ from watchdog.coordinator.verdict import decide
 from watchdog.model import Frame
 from watchdog.report import incident_html, job_page, jobs_page
 from watchdog.report.groups import group_ranks
-from watchdog.report.stacks import merge_stacks, render_tree
+from watchdog.report.stack_tree import merge_stacks, render_tree
 from watchdog.report.timeline import lanes_of, render_timeline
 
 HOSTILE = "<script>alert(1)</script>\x1b[31m"

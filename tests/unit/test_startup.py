@@ -38,7 +38,7 @@ CONNECTING = (  # MASTER_ADDR=192.0.2.1: the store client retries its connect un
     Frame("init_process_group", C10D, 1892),
     Frame("_time_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 97),
     Frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
-    Frame("_setting_up.<locals>.wrapper", str(PACKAGE / "hook" / "patches" / "setup.py"), 69),
+    Frame("_setting_up.<locals>.wrapper", str(PACKAGE / "hook" / "patches" / "group_setup.py"), 69),
     Frame("main", TRAIN, 94),
 )
 IN_NEW_GROUP = (

@@ -38,7 +38,7 @@ class AgentCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from agent import Agent
-        from watchdog.cli.service import STALE_AFTER_S, Vitals, daemon_services
+        from watchdog.cli.daemons import STALE_AFTER_S, Vitals, daemon_services
 
         node = args.node_name or env.short_hostname()
         beacon_dir = args.beacon_dir or env.beacon_dir()

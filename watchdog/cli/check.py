@@ -162,9 +162,9 @@ def report(code: int, nproc: int, steps: Mapping[tuple[int, str], Mapping[str, A
 
 def _explain(log: str, out: TextIO) -> None:
     """What `watchdog explain` finds in the job's output: each category once."""
-    from watchdog.explain import Finding, explain_lines
+    from watchdog.explain import LogFinding, explain_lines
 
-    shown: dict[str, Finding] = {}
+    shown: dict[str, LogFinding] = {}
     with open(log, errors="replace") as f:
         for finding in explain_lines(line.rstrip("\n") for line in f):
             shown.setdefault(finding.category, finding)

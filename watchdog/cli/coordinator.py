@@ -67,7 +67,7 @@ class CoordinatorCommand:
                             "reader's or control's; without one, root and this user only)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.cli.service import Vitals, daemon_services
+        from watchdog.cli.daemons import Vitals, daemon_services
         from watchdog.coordinator import Coordinator, IncidentStore, default_db_path
         from watchdog.coordinator.gauges import keep_sampled
         from watchdog.coordinator.webhook import Webhooks

@@ -17,7 +17,7 @@ from watchdog.coordinator.evidence import (
     stack_signature,
     top_frame,
 )
-from watchdog.coordinator.findings import Finding
+from watchdog.coordinator.silent_bugs import Finding
 from watchdog.coordinator.view import RankEvidence, rank_evidence
 from watchdog.explain.scan import explain_lines
 from watchdog.model import (

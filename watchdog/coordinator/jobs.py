@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.coordinator.evidence import in_open_phase, progress_sign, python_frames
-from watchdog.coordinator.findings import FindingTracker
+from watchdog.coordinator.silent_bugs import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 from watchdog.model import (
     Frame,

@@ -4,14 +4,20 @@ log tails become evidence."""
 
 from watchdog.explain.findings import (
     CulpritLedger,
-    Finding,
     FirstFailure,
     InferredFinding,
+    LogFinding,
     SummaryFinding,
 )
 from watchdog.explain.scan import classify_line, explain_lines, explain_main
 
 __all__ = [
-    "CulpritLedger", "Finding", "FirstFailure", "InferredFinding", "SummaryFinding",
-    "classify_line", "explain_lines", "explain_main",
+    "CulpritLedger",
+    "FirstFailure",
+    "InferredFinding",
+    "LogFinding",
+    "SummaryFinding",
+    "classify_line",
+    "explain_lines",
+    "explain_main",
 ]

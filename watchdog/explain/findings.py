@@ -13,7 +13,7 @@ from watchdog.text import ranks_text
 
 
 @dataclass(frozen=True)
-class Finding:
+class LogFinding:
     line_no: int
     text: str
     category: str
@@ -28,11 +28,11 @@ class Finding:
         }
 
 
-class SummaryFinding(Finding):
+class SummaryFinding(LogFinding):
     """torchrun's "Failures / Root Cause" block; `ranks` lists its root cause first."""
 
 
-class InferredFinding(Finding):
+class InferredFinding(LogFinding):
     """Concluded from several findings, not read from one line (see `CulpritLedger`)."""
 
 
@@ -45,9 +45,9 @@ class CulpritLedger:
         self._named: set[int] = set()
         self._lost_peer: set[int] = set()
         self._summary: SummaryFinding | None = None
-        self._first_peer_error: Finding | None = None
+        self._first_peer_error: LogFinding | None = None
 
-    def note(self, finding: Finding) -> None:
+    def note(self, finding: LogFinding) -> None:
         if len(self._named) < self.MAX_RANKS:
             self._named.update(finding.ranks)
         if isinstance(finding, SummaryFinding):
@@ -105,9 +105,9 @@ class FirstFailure:
     _SYMPTOMS = (PEER_EXITED, COLLECTIVE_TIMEOUT)
 
     def __init__(self) -> None:
-        self._best: dict[int, tuple[Finding, str]] = {}
+        self._best: dict[int, tuple[LogFinding, str]] = {}
 
-    def note(self, finding: Finding, source: str = "") -> None:
+    def note(self, finding: LogFinding, source: str = "") -> None:
         if isinstance(finding, InferredFinding):
             tier = 0
         elif isinstance(finding, SummaryFinding):
@@ -116,7 +116,7 @@ class FirstFailure:
             tier = 3 if finding.category in self._SYMPTOMS else 1
         self._best.setdefault(tier, (finding, source))
 
-    def result(self) -> tuple[Finding, str] | None:
+    def result(self) -> tuple[LogFinding, str] | None:
         """The chosen finding and the `source` it was noted with."""
         return self._best[min(self._best)] if self._best else None
 

@@ -20,9 +20,9 @@ from watchdog.explain import rules
 from watchdog.explain.advice import PEER_EXITED
 from watchdog.explain.findings import (
     CulpritLedger,
-    Finding,
     FirstFailure,
     InferredFinding,
+    LogFinding,
     SummaryFinding,
 )
 from watchdog.explain.torchrun import TorchrunSummary, is_summary_start
@@ -34,7 +34,8 @@ CHUNK_CHARS = 1 << 20
 MAX_TEXT_CHARS = 2000
 
 
-def classify_line(line_no: int, line: str, default_ranks: tuple[int, ...] = ()) -> Finding | None:
+def classify_line(line_no: int, line: str,
+                  default_ranks: tuple[int, ...] = ()) -> LogFinding | None:
     """The finding one line is, if any. `default_ranks` stand in when the line names none."""
     level, message = rules.split_prefix(line)
     if rules.is_benign(line, level, message):
@@ -44,7 +45,7 @@ def classify_line(line_no: int, line: str, default_ranks: tuple[int, ...] = ()) 
         if match is not None:
             cause, fix = rule.advice(match)
             ranks = rule.ranks(line) or default_ranks
-            return Finding(line_no, line[:MAX_TEXT_CHARS], rule.category, ranks, cause, fix)
+            return LogFinding(line_no, line[:MAX_TEXT_CHARS], rule.category, ranks, cause, fix)
     return None
 
 
@@ -74,7 +75,7 @@ class _Scan:
         self._summary: TorchrunSummary | None = None
         self._ledger = CulpritLedger()
 
-    def batch(self, first_line_no: int, batch: list[str]) -> Iterator[Finding]:
+    def batch(self, first_line_no: int, batch: list[str]) -> Iterator[LogFinding]:
         """`batch` holds lines without their newline."""
         hits = iter(_candidates("\n".join(batch)))
         index = -1
@@ -87,7 +88,7 @@ class _Scan:
                 return
             yield from self._line(first_line_no + index, batch[index].rstrip("\r"))
 
-    def _line(self, line_no: int, line: str) -> Iterator[Finding]:
+    def _line(self, line_no: int, line: str) -> Iterator[LogFinding]:
         if self._summary is None and is_summary_start(line):
             self._summary = TorchrunSummary(line_no, line)
             return
@@ -103,7 +104,7 @@ class _Scan:
             self._ledger.note(finding)
             yield finding
 
-    def finish_summary(self) -> Iterator[Finding]:
+    def finish_summary(self) -> Iterator[LogFinding]:
         described = self._summary.describe() if self._summary is not None else None
         self._summary = None
         if described is not None:
@@ -116,7 +117,7 @@ class _Scan:
         return self._ledger.culprit()
 
 
-def explain_lines(lines: Iterable[str]) -> Iterator[Finding]:
+def explain_lines(lines: Iterable[str]) -> Iterator[LogFinding]:
     """Findings in line order, then the inferred early-exit culprit (if any) last."""
     return _explain_batches(_batches(iter(lines)))
 
@@ -126,7 +127,7 @@ def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _explain_batches(batches: Iterable[list[str]]) -> Iterator[Finding]:
+def _explain_batches(batches: Iterable[list[str]]) -> Iterator[LogFinding]:
     scan, line_no = _Scan(), 1
     for batch in batches:
         yield from scan.batch(line_no, batch)
@@ -197,7 +198,7 @@ class _UnreadableError(Exception):
     """An input could not be opened or read (as opposed to the output failing)."""
 
 
-def _explain_input(path: str, stdin: TextIO) -> Iterator[Finding]:
+def _explain_input(path: str, stdin: TextIO) -> Iterator[LogFinding]:
     try:
         with _open(path, stdin) as stream:
             yield from _explain_batches(read_batches(stream))
@@ -223,11 +224,11 @@ def _borrowed(wrapper: io.TextIOWrapper) -> Iterator[TextIO]:
         wrapper.detach()
 
 
-def _as_json(finding: Finding, index: int) -> str:
+def _as_json(finding: LogFinding, index: int) -> str:
     return ("\n" if index == 0 else ",\n") + json.dumps(finding.to_json())
 
 
-def _as_text(where: str, finding: Finding) -> str:
+def _as_text(where: str, finding: LogFinding) -> str:
     ranks = f" ({ranks_text(finding.ranks)})" if finding.ranks else ""
     quoted = "".join(f"    | {line[:300]}\n" for line in finding.text.splitlines()[:12])
     return (
@@ -236,7 +237,7 @@ def _as_text(where: str, finding: Finding) -> str:
     )
 
 
-def _closing(chosen: tuple[Finding, str] | None) -> str:
+def _closing(chosen: tuple[LogFinding, str] | None) -> str:
     if chosen is None:
         return "no known failure found\n"
     finding, where = chosen

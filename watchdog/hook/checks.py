@@ -4,7 +4,7 @@ Bugs that never hang: replicas out of sync wherever gradients are averaged (DDP,
 HSDP: hook/averaged.py), ranks that never synchronize gradients, ranks that receive identical
 batches, a shuffling DistributedSampler that repeats its epoch, a DDP module whose parameters
 changed after wrapping, a loss turned NaN or infinite (hook/losses.py). The hook only gathers
-evidence here; the coordinator compares ranks (coordinator/findings.py).
+evidence here; the coordinator compares ranks (coordinator/silent_bugs.py).
 
 Cost: a step where no check is due pays one integer comparison (`Recorder.check_at`), DDP's
 forward a flag read and a count, an all_reduce a flag read, backward() a deque append of its

@@ -13,7 +13,7 @@ from typing import Any
 
 from watchdog.coordinator.evidence import stack_signature
 from watchdog.model import Frame
-from watchdog.report.stacks import frames_of
+from watchdog.report.stack_tree import frames_of
 from watchdog.text import ranks_text
 
 Row = Mapping[str, Any]

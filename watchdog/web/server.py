@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from watchdog.errors import UsageError
 from watchdog.model import EVERY_JOB, MAX_FULL_ROWS, StatusQuery
 from watchdog.report import error_page, incident_html, job_page, jobs_page, login_page
-from watchdog.report.jobs import nav
+from watchdog.report.job_pages import nav
 from watchdog.report.page import CSP
 from watchdog.text import parse_ranks
-from watchdog.web.auth import WebAuth
+from watchdog.web.access import WebAuth
 
 log = logging.getLogger(__name__)
 

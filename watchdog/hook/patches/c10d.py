@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from watchdog.collectives import SHARES_MODEL
-from watchdog.hook.patches.groups import GroupSlots
+from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.patches.works import PendingWorks
 from watchdog.hook.recorder import Recorder
 

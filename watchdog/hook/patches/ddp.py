@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from watchdog.collectives import DDP_INIT_OP
-from watchdog.hook.patches.groups import GroupSlots
+from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.recorder import Recorder
 
 DDP_OP = b"all_reduce"

@@ -11,9 +11,9 @@ from typing import Any
 
 from watchdog.collectives import COLLECTIVES, POINT_TO_POINT
 from watchdog.hook.patches import c10d as c10d_wrappers
-from watchdog.hook.patches import compiler, ddp, setup
+from watchdog.hook.patches import compiler, ddp, group_setup
 from watchdog.hook.patches.backward import wrap_backward
-from watchdog.hook.patches.groups import GroupSlots
+from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.patches.sampler import wrap_sampler_iter
 from watchdog.hook.patches.works import PendingWorks, patch_work_wait
 from watchdog.hook.recorder import Recorder
@@ -25,7 +25,8 @@ class TorchPatches:
     recorder once init_process_group tells the rank. The checks' wrappers are installed whatever
     checks run: an armed process learns its checks only when it becomes a rank."""
 
-    def __init__(self, recorder: Recorder, become_rank: setup.BecomeRank | None = None) -> None:
+    def __init__(self, recorder: Recorder,
+                 become_rank: group_setup.BecomeRank | None = None) -> None:
         self._rec = recorder
         self._become_rank = become_rank
         self._dist: Any = None
@@ -87,12 +88,12 @@ class TorchPatches:
         wait = patch_work_wait(work_class, rec, works)
         if wait is not None:
             self._wrapped(wait, original_wait)
-        self._replace(dist, c10d, "init_process_group", setup.wrap_init_process_group(
+        self._replace(dist, c10d, "init_process_group", group_setup.wrap_init_process_group(
             c10d.init_process_group, rec, self._become_rank, self._joined))
         self._replace(dist, c10d, "new_group",
-                      setup.wrap_new_group(c10d.new_group, rec, slots.slot))
+                      group_setup.wrap_new_group(c10d.new_group, rec, slots.slot))
         self._replace(dist, c10d, "destroy_process_group",
-                      setup.wrap_destroy_process_group(c10d.destroy_process_group, rec))
+                      group_setup.wrap_destroy_process_group(c10d.destroy_process_group, rec))
         if dist.is_initialized():  # installed by hand, after init_process_group
             self._joined(None)
 

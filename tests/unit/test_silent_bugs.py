@@ -20,7 +20,7 @@ from tests.helpers.recorders import ddp_linear, recorder, steps
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
 from watchdog.cli.render import render_status
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
-from watchdog.coordinator.findings import (
+from watchdog.coordinator.silent_bugs import (
     NO_SYNC_STEPS,
     SETTLE_S,
     FindingTracker,

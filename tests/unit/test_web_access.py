@@ -8,7 +8,7 @@ import pytest
 
 from watchdog.errors import UsageError
 from watchdog.transport.roles import Role
-from watchdog.web.auth import COOKIE, SESSION_S, WebAuth
+from watchdog.web.access import COOKIE, SESSION_S, WebAuth
 from watchdog.web.server import local_path
 
 TOKEN = "5b1e9c0d7a3f4e2b8c6d0a1f9e8d7c6b"

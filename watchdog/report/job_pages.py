@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import group_ranks
-from watchdog.report.incident import alike_groups, alike_table, group_table, verdict_html
+from watchdog.report.incident_page import alike_groups, alike_table, group_table, verdict_html
 from watchdog.report.page import STATE_COLORS, document, esc, state_badge, state_color
 from watchdog.report.timeline import lanes_of, render_timeline
 from watchdog.text import clock, names_text, ranks_text

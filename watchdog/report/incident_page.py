@@ -19,7 +19,7 @@ from watchdog.coordinator.evidence import frame_site, stuck_frame
 from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import RankGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge
-from watchdog.report.stacks import frames_of, render_tree
+from watchdog.report.stack_tree import frames_of, render_tree
 from watchdog.report.timeline import lanes_of, render_timeline
 from watchdog.text import ranks_text
 
