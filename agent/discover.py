@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Container, Mapping
 
-from agent import beaconfiles, exited, procfs, verify
+from agent import beaconfiles, procfs, verify
 from agent.logtail import expand_nccl_debug_file
 from agent.worker import Worker
 from watchdog import beacon
@@ -101,7 +101,7 @@ class BeaconDiscovery:
         worker = Worker(ident, stat.start_ticks if stat else 0, found.path,
                         nccl_debug_file(env, ident.pid), (env or {}).get("MASTER_ADDR", ""),
                         fd, snap, owner=verify.credentials(ident.pid, self._proc), found=found)
-        exited.watch_oom(worker, self._proc)
+        worker.watch_oom(self._proc)
         log.info("tracking rank %d of job %s (pid %d)", ident.rank, printable(ident.job_id),
                  ident.pid)
         return worker

@@ -7,11 +7,11 @@ became the rank when it called init_process_group, in the process that holds the
 verified workers enter the table, so only they are reported, handed to py-spy or have their
 files read; a beacon that fails is remembered (so it is not examined again until it changes)
 and logged once (`agent.discover`). Torchrun workers without a hook are taken when they and
-their torchrun run as one user (`agent.unhooked`). Exits are noticed here and explained by
-`agent.exited`; exited workers are forgotten after a while (`agent.retention`). Each refresh
-also observes every worker's process (`Worker.observe`), so that `agent.rankstate` converts
-without reading. The table is refreshed in a thread, off the agent's event loop: every access
-holds its lock.
+their torchrun run as one user (`agent.unhooked`). Exits are noticed here and explained by the
+worker itself (`Worker.note_exit`); exited workers are forgotten after a while
+(`agent.retention`). Each refresh also observes every worker's process (`Worker.observe`), so
+that `agent.rankstate` converts without reading. The table is refreshed in a thread, off the
+agent's event loop: every access holds its lock.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Mapping
 
-from agent import beaconfiles, exited, exits, procfs, retention, unhooked
+from agent import beaconfiles, exits, procfs, retention, unhooked
 from agent.discover import BeaconDiscovery
 from agent.worker import Worker
 from watchdog.errors import BeaconError
@@ -66,7 +66,7 @@ class WorkerTable:
                 self._scan_proc(now)
             for worker in self._all():
                 if not worker.alive and worker.exit_status is None:
-                    exited.learn_how(worker, self.exits)
+                    worker.learn_how(self.exits)
             retention.forget_old(self._by_path, self._unhooked, now)
             for worker in self._all():
                 worker.observe(now, (gpu or {}).get(worker.identity.pid), self._proc)
@@ -98,5 +98,5 @@ class WorkerTable:
             self._check_exit(worker, now)
 
     def _check_exit(self, worker: Worker, now: float) -> None:
-        if worker.alive and not exited.still_running(worker, self._proc):
-            exited.note_exit(worker, now, self.exits)
+        if worker.alive and not worker.still_running(self._proc):
+            worker.note_exit(now, self.exits)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from agent import exited, procfs, verify
+from agent import procfs, verify
 from agent.discover import impossible, nccl_debug_file
 from agent.worker import Worker
 from watchdog import beacon
@@ -47,5 +47,5 @@ def unhooked_worker(pid: int, proc: str, boot: float) -> Worker | None:
         return None
     worker = Worker(identity, stat.start_ticks, nccl_debug_file=nccl_debug_file(env, pid),
                     master_addr=env.get("MASTER_ADDR", ""), owner=owner)
-    exited.watch_oom(worker, proc)
+    worker.watch_oom(proc)
     return worker
