@@ -31,12 +31,12 @@ from typing import Any
 
 from watchdog.beacon import BeaconWriter, Identity
 from watchdog.cli.demo import free_port
-from watchdog.cli.inject import BOOT_DIR
 from watchdog.hook.checks import CHECK_EVERY
 from watchdog.hook.lifecycle import PUBLISH_INTERVAL
 from watchdog.hook.patches.c10d import wrap_collective
 from watchdog.hook.patches.install import TorchPatches
 from watchdog.hook.recorder import Recorder
+from watchdog.supervise.inject import BOOT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 

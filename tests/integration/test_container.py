@@ -41,7 +41,7 @@ def test_the_image_recipe_builds_and_installs_the_wheel(tmp_path: Path) -> None:
     assert "py-spy" in run(bin_dir / "py-spy", "--version")
     assert "--metrics-listen" in run(bin_dir / "watchdog", "coordinator", "--help")
     assert "--health-listen" in run(bin_dir / "watchdog", "agent", "--help")
-    boot = run(bin_dir / "python", "-c", "import watchdog.cli.inject as i; print(i.BOOT_DIR)")
+    boot = run(bin_dir / "python", "-c", "import watchdog.supervise.inject as i; print(i.BOOT_DIR)")
     assert (Path(boot.strip()) / "sitecustomize.py").is_file()  # `watchdog launch` needs it
 
 

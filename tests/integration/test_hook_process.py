@@ -24,8 +24,8 @@ from watchdog.beacon import (
     open_beacon,
     read_beacon,
 )
-from watchdog.cli.inject import BOOT_DIR
 from watchdog.hook.checks import FIRST_CHECK
+from watchdog.supervise.inject import BOOT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = BOOT_DIR

@@ -8,13 +8,13 @@ import json
 from typing import Any
 
 from tests.helpers.builders import DATA_STALL, DDP_BACKWARD, done, entered, rank, snapshot
-from watchdog.cli.render import render_incident, render_status
 from watchdog.coordinator.alike import ranges, rank_in
 from watchdog.coordinator.incident import build_incident, rank_table
 from watchdog.coordinator.verdict import decide
 from watchdog.model import FULL_ROWS, JobSnapshot
 from watchdog.report.incident_page import incident_html
 from watchdog.report.job_pages import job_page, jobs_page
+from watchdog.report.terminal import render_incident, render_status
 
 SIZE = 4096
 CULPRIT = 1111

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli.discover import NAME, claim_run_socket, open_runs, runs_dir
 from watchdog.cli.status import Answer, Source, merge, render_answers
+from watchdog.supervise.runs_dir import NAME, claim_run_socket, open_runs, runs_dir
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.builders import incident
-from watchdog.cli.render import render_incident, render_incident_list, render_status
+from watchdog.report.terminal import render_incident, render_incident_list, render_status
 from watchdog.text import printable, printable_tree
 
 

@@ -9,8 +9,12 @@ from typing import Any
 
 from agent.daemon import Agent
 from tests.helpers.builders import JOB, entered, incident, raised, rank, snapshot
-from watchdog.cli.embedded import RunOptions, _Run
-from watchdog.cli.framing import (
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.verdict import decide
+from watchdog.supervise.embedded import RunOptions, _Run
+from watchdog.supervise.framing import (
     Ended,
     RunEnd,
     ended_text,
@@ -18,10 +22,6 @@ from watchdog.cli.framing import (
     next_steps_text,
     threshold_text,
 )
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
-from watchdog.coordinator.after_exit import StillHung
-from watchdog.coordinator.incident import build_incident
-from watchdog.coordinator.verdict import decide
 
 DB = "/home/you/.local/state/torch-hang-watchdog/incidents.db"
 NOTICE = {**incident(), "id": "b0b0b0b0b0b0", "kind": "RANK_BUSY", "severity": "notice"}

@@ -31,10 +31,10 @@ from tests.helpers.builders import (
     utc,  # noqa: F401 - the autouse fixture that pins local time to UTC applies here too
     with_children,
 )
-from watchdog.cli.render import render_incident, render_incident_list, render_status, use_color
 from watchdog.coordinator.incident import build_incident, rank_table, stack_groups
 from watchdog.coordinator.verdict import decide
 from watchdog.model import ExitReason, Frame, Kind, RankStack, Verdict
+from watchdog.report.terminal import render_incident, render_incident_list, render_status, use_color
 from watchdog.text import clock
 
 INCIDENT_KEYS = [

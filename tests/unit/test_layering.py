@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN = ("watchdog", "agent")
 # What a training rank must never load: the hook runs inside user code, beside fork().
 NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
-                     "watchdog.coordinator", "watchdog.cli", "sqlite3", "asyncio",
-                     "prometheus_client", "watchdog.metrics")
+                     "watchdog.coordinator", "watchdog.cli", "watchdog.supervise", "sqlite3",
+                     "asyncio", "prometheus_client", "watchdog.metrics")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
 AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",
                  "watchdog.model", "watchdog.explain", "watchdog.transport", "watchdog.text",
@@ -120,6 +120,15 @@ def test_nothing_outside_the_cli_imports_it() -> None:
     importers = [name for name in own_modules() if not within(name, ("watchdog.cli",))
                  and name != "watchdog.__main__"
                  and any(within(m, ("watchdog.cli",)) for m in direct_imports(name))]
+    assert importers == []
+
+
+def test_only_the_cli_imports_the_supervisor() -> None:
+    """What `watchdog run` does beside its job (`watchdog.supervise`) is a command's business:
+    no daemon, coordinator or report reaches into it."""
+    importers = [name for name in own_modules()
+                 if not within(name, ("watchdog.cli", "watchdog.supervise"))
+                 and any(within(m, ("watchdog.supervise",)) for m in direct_imports(name))]
     assert importers == []
 
 

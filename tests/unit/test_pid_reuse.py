@@ -19,7 +19,7 @@ from agent import procfs
 from agent.stacks import dump_stack
 from agent.worker import Worker
 from watchdog.beacon import Identity
-from watchdog.cli.embedded import signal_worker
+from watchdog.supervise.embedded import signal_worker
 
 
 @pytest.fixture

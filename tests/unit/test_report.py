@@ -21,7 +21,6 @@ from tests.helpers.builders import (
     incident,
     with_children,
 )
-from watchdog.cli.embedded import RunOptions, _Run
 from watchdog.coordinator import Coordinator, IncidentStore
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.stall import StallPolicy
@@ -31,6 +30,7 @@ from watchdog.report import incident_html, job_page, jobs_page
 from watchdog.report.groups import group_ranks
 from watchdog.report.stack_tree import merge_stacks, render_tree
 from watchdog.report.timeline import lanes_of, render_timeline
+from watchdog.supervise.embedded import RunOptions, _Run
 
 HOSTILE = "<script>alert(1)</script>\x1b[31m"
 SHOWN = html.escape("<script>alert(1)</script>\\x1b[31m")  # as text, the escape made visible

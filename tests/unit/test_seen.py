@@ -11,8 +11,10 @@ from collections.abc import Mapping
 import pytest
 
 from tests.helpers.builders import rank
-from watchdog.cli.inject import BOOT_DIR, hook_env
-from watchdog.cli.seen import (
+from watchdog.coordinator import StallPolicy
+from watchdog.coordinator.jobs import JobView
+from watchdog.supervise.inject import BOOT_DIR, hook_env
+from watchdog.supervise.seen import (
     NOT_A_RANK,
     Process,
     Sighting,
@@ -25,8 +27,6 @@ from watchdog.cli.seen import (
     watching_text,
     why_unhooked,
 )
-from watchdog.coordinator import StallPolicy
-from watchdog.coordinator.jobs import JobView
 
 PY = "/usr/bin/python3.11"
 HOOKED = hook_env({"PATH": "/usr/bin"}, "/dev/shm/beacons", "job")

@@ -18,7 +18,6 @@ from agent.rankstate import check_evidence
 from tests.helpers.builders import JOB, T0, done, entered, rank
 from tests.helpers.recorders import ddp_linear, recorder, steps
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
-from watchdog.cli.render import render_status
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator.silent_bugs import (
     NO_SYNC_STEPS,
@@ -29,6 +28,7 @@ from watchdog.coordinator.silent_bugs import (
 )
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.model import EVERY_JOB, CheckEvidence, JobSnapshot, Kind, NodeReport, RankState
+from watchdog.report.terminal import render_status
 
 
 def trained(tmp_path: Path, number: int, *, loaded: bool = False, batch: float | None = None,

@@ -99,8 +99,8 @@ def _print_check(check: Check, out: TextIO) -> None:
 
 async def _run_job(backend: str, nproc: int, rendezvous: Rendezvous, torchrun_args: list[str],
                    timeout: float, db_path: str, out: TextIO) -> int:
-    from watchdog.cli.embedded import RunOptions, run_job
     from watchdog.coordinator import StallPolicy
+    from watchdog.supervise.embedded import RunOptions, run_job
 
     master = [] if rendezvous.given else [f"--master_addr={rendezvous.addr}",
                                           f"--master_port={rendezvous.port}"]

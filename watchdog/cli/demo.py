@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from watchdog.cli import options
-from watchdog.cli.render import use_color
 from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import ExitCode, WatchdogError
+from watchdog.report.terminal import use_color
 
 DEMO_STALL_TIMEOUT_S = 5.0
 FAULT_STEP = 6  # the loop's index, from 0, at which rank 2's next read blocks
@@ -54,8 +54,8 @@ def torchrun_command(nproc: int, *train_args: str, launcher: Sequence[str] = (),
 
 
 def run_demo(db_path: str, color: bool) -> int:
-    from watchdog.cli.embedded import RunOptions, run_job
     from watchdog.coordinator import StallPolicy
+    from watchdog.supervise.embedded import RunOptions, run_job
 
     if importlib.util.find_spec("torch") is None:
         raise WatchdogError("the demo needs torch in this environment",

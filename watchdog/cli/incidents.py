@@ -7,8 +7,8 @@ import json
 import sys
 
 from watchdog.cli import options
-from watchdog.cli.render import render_incident, render_incident_list, use_color
 from watchdog.errors import UsageError, WatchdogError
+from watchdog.report.terminal import render_incident, render_incident_list, use_color
 
 
 class IncidentsCommand:

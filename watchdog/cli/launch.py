@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from watchdog.cli.inject import exec_with_hook
+from watchdog.supervise.inject import exec_with_hook
 
 
 class LaunchCommand:

@@ -8,7 +8,7 @@ import asyncio
 import sys
 
 from watchdog.cli import options
-from watchdog.cli.render import use_color
+from watchdog.report.terminal import use_color
 
 
 class RunCommand:
@@ -46,8 +46,8 @@ class RunCommand:
         p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.cli.embedded import RunOptions, run_job
         from watchdog.coordinator import default_db_path
+        from watchdog.supervise.embedded import RunOptions, run_job
 
         run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang,
                                  args.report, args.report_html, args.db or default_db_path(),

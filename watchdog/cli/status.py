@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.cli import options
-from watchdog.cli.render import render_status, use_color
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import CoordinatorUnreachableError, WatchdogError
 from watchdog.model import EVERY_JOB, FULL_ROWS, MAX_FULL_ROWS, StatusQuery
+from watchdog.report.terminal import render_status, use_color
 from watchdog.text import parse_ranks
 from watchdog.transport import ClientSecurity
 
@@ -91,7 +91,7 @@ def _shards(addresses: Sequence[str], security: ClientSecurity,
 
 def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
     """Every `watchdog run` on this machine and the service coordinator, where one listens."""
-    from watchdog.cli.discover import open_runs
+    from watchdog.supervise.runs_dir import open_runs
 
     service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS, security, query)
     with open_runs() as runs:

@@ -1,5 +1,6 @@
-"""HTML for people (CLI and coordinator processes, stdlib only): an incident as one self-contained
-page, and the web view's pages of jobs and ranks. Every worker-supplied string is escaped here.
+"""For people (CLI and coordinator processes, stdlib only): an incident as one self-contained HTML
+page, the web view's pages of jobs and ranks, and incidents and jobs as a terminal's text
+(`terminal`). Every worker-supplied string is escaped here.
 """
 
 from watchdog.report.incident_page import incident_html, write_html

@@ -30,23 +30,23 @@ from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
 from watchdog.atomic import write_atomically
-from watchdog.cli.discover import claim_run_socket, own_runtime_dir
-from watchdog.cli.framing import Ended, RunEnd, ended_text, ending_text, next_steps_text
-from watchdog.cli.inject import cannot_run, check_command, hook_env, new_job_id
-from watchdog.cli.render import render_incident
-from watchdog.cli.seen import (
-    attempts_seen,
-    moved_on_text,
-    reached_distributed,
-    say_what_it_sees,
-    sighting,
-)
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
 from watchdog.model import Kind
 from watchdog.report import write_html
+from watchdog.report.terminal import render_incident
+from watchdog.supervise.framing import Ended, RunEnd, ended_text, ending_text, next_steps_text
+from watchdog.supervise.inject import cannot_run, check_command, hook_env, new_job_id
+from watchdog.supervise.runs_dir import claim_run_socket, own_runtime_dir
+from watchdog.supervise.seen import (
+    attempts_seen,
+    moved_on_text,
+    reached_distributed,
+    say_what_it_sees,
+    sighting,
+)
 from watchdog.transport import start_server
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,10 @@ from typing import Any, TextIO
 
 from agent import procfs
 from watchdog import env as _env
-from watchdog.cli.framing import threshold_text
-from watchdog.cli.inject import BOOT_DIR
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
+from watchdog.supervise.framing import threshold_text
+from watchdog.supervise.inject import BOOT_DIR
 from watchdog.text import printable, ranks_text
 
 AFTER_WARMUP_S = 1.0  # how often to look, after the warm-up, for ranks that report late
