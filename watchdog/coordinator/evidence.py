@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from watchdog.bounded import BoundedTable
 from watchdog.collectives import WAITS_FOR_PEERS
+from watchdog.frames import HOOK_DIR, is_library_source
 from watchdog.model import (
     DATALOADER_WORKER,
     WORLD_GROUP,
@@ -30,7 +31,6 @@ from watchdog.model import (
     RankState,
     is_native_file,
 )
-from watchdog.paths import HOOK_DIR, is_library_source
 
 HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
 # "T" only: "t" is a tracing stop, which is what our own py-spy dump looks like while it runs.

@@ -13,7 +13,7 @@ from collections import deque
 from types import TracebackType
 
 from watchdog.beacon import MAX_EXIT_REASON, RaisedException
-from watchdog.paths import is_library_source
+from watchdog.frames import is_library_source
 
 INNERMOST = 5  # frames kept from where it was raised, whatever their code
 USER = 2  # and the innermost frames of the user's own code beyond those
