@@ -3,7 +3,8 @@ their beacons and in /proc, reads their progress, takes py-spy stacks and log ta
 and streams node reports to a coordinator.
 
 From `watchdog` it uses only the modules shared by design: `beacon`, `beacondir`, `env`, `errors`,
-`model`, `explain` (to pick relevant log lines), `text`, `transport` and `metrics`.
+`frames` (native or Python), `model`, `explain` (to pick relevant log lines), `text`, `transport`
+and `metrics`.
 """
 
 from agent.daemon import Agent

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent import procfs, verify
-from watchdog.model import Frame, is_native_file
+from watchdog.frames import is_native_file
+from watchdog.model import Frame
 from watchdog.transport.wire import MAX_CHILDREN
 
 # Where a wait blocks below the call that waits on a child: skipped to reach that call.

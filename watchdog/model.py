@@ -18,6 +18,7 @@ from watchdog.beacon.records import NO_PACE as NO_PACE
 from watchdog.beacon.records import Fingerprint as Fingerprint
 from watchdog.beacon.records import Pace as Pace
 from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
+from watchdog.frames import is_native_file
 from watchdog.text import bounded
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
@@ -156,11 +157,6 @@ class CheckEvidence:
 
 
 NO_EVIDENCE = CheckEvidence()
-
-
-def is_native_file(file: str) -> bool:
-    """A shared object (libc.so.6, libtorch_cpu.so) or an unknown one: not Python source."""
-    return not file.endswith((".py", ".pyw")) and not file.startswith("<")
 
 
 @dataclass(frozen=True)

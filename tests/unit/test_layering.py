@@ -17,8 +17,8 @@ NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
                      "asyncio", "prometheus_client", "watchdog.metrics")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
 AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",
-                 "watchdog.model", "watchdog.explain", "watchdog.transport", "watchdog.text",
-                 "watchdog.metrics")
+                 "watchdog.frames", "watchdog.model", "watchdog.explain", "watchdog.transport",
+                 "watchdog.text", "watchdog.metrics")
 
 
 def module_file(name: str) -> Path | None:

@@ -12,16 +12,10 @@ import pytest
 
 from agent.stacks import main_thread_frames
 from tests.helpers.builders import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
-from watchdog.coordinator.evidence import (
-    MEMO_FRAMES,
-    by_identity,
-    collective_frame,
-    distributed_frame,
-    python_frames,
-    stuck_frame,
-)
+from watchdog.coordinator.evidence import collective_frame, distributed_frame
 from watchdog.coordinator.incident import rank_table, stack_groups
 from watchdog.coordinator.verdict import decide
+from watchdog.frames import MEMO_FRAMES, by_identity, python_frames, stuck_frame
 from watchdog.model import Frame, Kind, RankStack
 
 CHECKOUT = str(Path(__file__).resolve().parents[2])

@@ -84,7 +84,7 @@ def test_stack_reply_round_trip() -> None:
 
 def test_equal_stacks_arrive_as_one_shared_tuple_of_frames() -> None:
     """What the coordinator reads from a stack it reads once per distinct stack
-    (`evidence.by_identity`): 131,072 ranks waiting in one collective send one stack."""
+    (`frames.by_identity`): 131,072 ranks waiting in one collective send one stack."""
     frames = (Frame("all_reduce", "distributed_c10d.py", 2950), Frame("main", "train.py", 9))
     reply = StackReply(7, "node-a", tuple(RankStack(r, 4000 + r, frames) for r in range(3)))
     got = _wire.agent_message_from_pb(pb.AgentMessage.FromString(

@@ -4,12 +4,13 @@ nothing yet and when to look again (set on the job with `JobView.hold`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from watchdog.coordinator.evidence import culprit_place
 from watchdog.coordinator.jobs import LEARNED_MARGIN, JobView
 from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.verdict import decide
+from watchdog.frames import stuck_frame
 from watchdog.model import JobSnapshot, Kind, RankStack, Severity, Verdict
 from watchdog.text import printable
 
@@ -69,3 +70,13 @@ def _hold(job: JobView, snapshot: JobSnapshot, verdict: Verdict, now: float) -> 
         return announced is not None and (announced["kind"], announced["culprit_ranks"]) == (
             verdict.kind, list(verdict.culprit_ranks))
     return False
+
+
+def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:
+    """'train.py:save_checkpoint': where the first culprit with a stack is stuck, or ''."""
+    for rank in culprits:
+        stack = snapshot.stacks.get(rank)
+        frame = stuck_frame(stack.frames) if stack is not None else None
+        if frame is not None:
+            return f"{frame.file}:{frame.function}"
+    return ""

@@ -1,8 +1,11 @@
-"""What the evidence says about one rank, one stack and one process group (runs in the coordinator).
+"""What the evidence says about one rank and its stacks (runs in the coordinator): whether it
+waits in a collective, works, compiles, is stopped or wedged, and what its children and its exit
+tell.
 
 Pure functions of a rank's state and stacks. `view.RankEvidence` asks each of them once per
 rank and snapshot, for the verdict engine and the incident builder alike, so that the per-rank
-table an incident carries says the same thing the verdict was decided on.
+table an incident carries says the same thing the verdict was decided on. Frames themselves
+(whose code, how named) are `watchdog.frames`'; process groups, `membership`'s.
 """
 
 from __future__ import annotations
@@ -12,24 +15,17 @@ import re
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePath
-from typing import TypeVar
 
-from watchdog.bounded import BoundedTable
 from watchdog.collectives import WAITS_FOR_PEERS
-from watchdog.frames import HOOK_DIR, is_library_source
+from watchdog.frames import HOOK_DIR, by_identity, is_library_frame, python_frames, stuck_frame
 from watchdog.model import (
     DATALOADER_WORKER,
-    WORLD_GROUP,
     ChildStack,
-    CollectiveRef,
     ExitReason,
     Frame,
     GroupProgress,
-    JobSnapshot,
     RankStack,
     RankState,
-    is_native_file,
 )
 
 HEARTBEAT_STALE_S = 10.0  # the hook stamps its liveness several times a second
@@ -73,87 +69,6 @@ _COMPILE_SITE = re.compile(
 # downloads lock with it) and torch's wrapper of it. A rank waits there for the process that
 # holds the lock: another rank, busy behind it, where one is.
 _FILE_LOCK = re.compile(r"[/\\]filelock[/\\]|[/\\]torch[/\\]utils[/\\]_filelock\.py$")
-
-
-Answer = TypeVar("Answer")
-# Frames of the stacks each question's answers are kept for (`bounded`): a hundred stacks as they
-# are, 32 MiB at most with every name at MAX_TEXT.
-MEMO_FRAMES = 4096
-
-
-def by_identity(read: Callable[[Sequence[Frame]], Answer]) -> Callable[[Sequence[Frame]], Answer]:
-    """`read`, asked once per stack object: the frames of ranks alike are one shared tuple
-    (the wire decodes equal stacks into one), and a verdict on 131,072 ranks asks each of them
-    the same questions. Keyed by identity (a tuple of frames hashes frame by frame, in Python),
-    each entry holding its stack so that its id is not reused while kept. Only tuples are kept:
-    a list may change after it was asked about."""
-    memo: BoundedTable[int, tuple[Sequence[Frame], Answer]] = BoundedTable(MEMO_FRAMES)
-
-    @functools.wraps(read)
-    def asked(frames: Sequence[Frame]) -> Answer:
-        if type(frames) is not tuple:
-            return read(frames)
-        kept = memo.get(id(frames))
-        if kept is not None and kept[0] is frames:
-            return kept[1]
-        return memo.put(id(frames), (frames, read(frames)), len(frames))[1]
-
-    return asked
-
-
-def is_library_frame(frame: Frame) -> bool:
-    """Installed packages, the standard library, this package's own hook wrappers, and native
-    code."""
-    return _is_library_file(frame.file)
-
-
-FrameKey = tuple[str, str, int | None]
-
-
-def frame_key(frame: Frame) -> FrameKey:
-    """A frame as ranks alike share it: a library frame without its line number (ranks waiting
-    in one collective sit on different lines of its polling loop), the user's own with it."""
-    return frame.function, frame.file, None if is_library_frame(frame) else frame.line
-
-
-@by_identity
-def stack_signature(frames: Sequence[Frame]) -> tuple[FrameKey, ...]:
-    return tuple(map(frame_key, frames))
-
-
-# The stacks of 16k ranks repeat a few dozen files: a diagnosis asks about each file thousands
-# of times.
-@functools.lru_cache(maxsize=4096)
-def _is_library_file(file: str) -> bool:
-    return is_library_source(file) or _is_native_file(file)
-
-
-_is_native_file = functools.lru_cache(maxsize=4096)(is_native_file)
-
-
-@by_identity
-def python_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
-    """`frames` without the native ones that `py-spy --native` interleaves. Those differ from
-    process to process (addresses) and from one look to the next (the syscall a wait is in), so
-    stacks are compared, and collectives found, on Python frames alone."""
-    if all(not _is_native_file(f.file) for f in frames):
-        return frames
-    return tuple(f for f in frames if not _is_native_file(f.file))
-
-
-@by_identity
-def top_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost Python frame that is not the hook's own wrapper around a torch call."""
-    frames = python_frames(frames) or frames
-    return next((f for f in frames if not f.file.startswith(HOOK_DIR)),
-                frames[0] if frames else None)
-
-
-@by_identity
-def stuck_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost Python frame of the user's own code, else the innermost frame."""
-    frames = python_frames(frames) or frames
-    return next((f for f in frames if not is_library_frame(f)), frames[0] if frames else None)
 
 
 @by_identity
@@ -322,21 +237,6 @@ def stuck_child(stack: RankStack | None) -> tuple[ChildStack, Frame] | None:
     return None
 
 
-def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:
-    """'train.py:save_checkpoint': where the first culprit with a stack is stuck, or ''."""
-    for rank in culprits:
-        stack = snapshot.stacks.get(rank)
-        frame = stuck_frame(stack.frames) if stack is not None else None
-        if frame is not None:
-            return f"{frame.file}:{frame.function}"
-    return ""
-
-
-def frame_site(frame: Frame) -> str:
-    """'train.py:42'."""
-    return f"{PurePath(frame.file).name}:{frame.line}"
-
-
 def is_stopped(rank: RankState, stack: RankStack | None) -> bool:
     stopped_by_someone = stack is not None and stack.was_stopped
     return rank.alive and (rank.proc_state in _STOPPED_STATES or stopped_by_someone)
@@ -380,11 +280,6 @@ def waits_in_collective(rank: RankState, stack: RankStack | None,
     return stack is not None and collective_frame(stack.frames) is not None
 
 
-def furthest_entered(snapshot: JobSnapshot) -> Mapping[str, int]:
-    """Per group, the furthest collective any live rank entered."""
-    return _groups(snapshot).furthest
-
-
 def in_open_phase(rank: RankState) -> bool:
     """Inside a declared phase (checkpoint, eval, ...) that still has time left."""
     return bool(rank.phase) and rank.phase_age < rank.phase_timeout
@@ -398,57 +293,3 @@ def latest_pending(rank: RankState) -> GroupProgress | None:
     """Where the rank waits: of its pending collectives, the one it entered last."""
     pending = [progress for progress in rank.groups if progress.pending]
     return max(pending, key=lambda progress: progress.entered_at, default=None)
-
-
-def awaited_collective(
-    snapshot: JobSnapshot, peer: RankState, gone: RankState
-) -> CollectiveRef | None:
-    """The collective `peer` waits in that `gone`, a member of its group, never entered."""
-    for progress in peer.groups:
-        members = group_members(snapshot, progress.group)
-        reached = gone.group(progress.group)
-        behind = reached is None or reached.entered_seq < progress.entered_seq
-        if progress.pending and gone.rank in members and behind:
-            return CollectiveRef(progress.group, members, progress.entered_seq, progress.entered_op)
-    return None
-
-
-def group_members(snapshot: JobSnapshot, group: str) -> tuple[int, ...]:
-    """The ranks the group's members list, and every rank that has the group itself: a beacon
-    lists only the first MAX_LISTED_RANKS members of a group."""
-    groups = _groups(snapshot)
-    members = groups.members.get(group)
-    if members is None:
-        declared = groups.declared.get(group, set())
-        if not declared and group == WORLD_GROUP:
-            members = tuple(range(snapshot.world_size))
-        else:
-            members = tuple(sorted(declared.union(groups.having.get(group, ()))))
-        groups.members[group] = members
-    return members
-
-
-@dataclass
-class _Groups:
-    """What the ranks of one snapshot say of their process groups, read in one pass."""
-
-    furthest: dict[str, int]  # the furthest collective a live rank entered
-    having: dict[str, list[int]]  # the ranks that report the group
-    declared: dict[str, set[int]]  # the members they list
-    members: dict[str, tuple[int, ...]]  # `group_members`, once asked
-
-
-def _groups(snapshot: JobSnapshot) -> _Groups:
-    made: _Groups | None = snapshot.derived.get("groups")
-    if made is None:
-        made = snapshot.derived["groups"] = _Groups({}, {}, {}, {})
-        for rank in snapshot.ranks:
-            alive = rank.alive
-            for progress in rank.groups:
-                name = progress.group
-                made.having.setdefault(name, []).append(rank.rank)
-                if progress.ranks:
-                    made.declared.setdefault(name, set()).update(progress.ranks)
-                if alive and progress.entered_seq > made.furthest.get(name, 0):
-                    made.furthest[name] = progress.entered_seq
-    return made

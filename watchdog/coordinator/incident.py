@@ -8,18 +8,11 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from watchdog.coordinator.alike import ranges
-from watchdog.coordinator.evidence import (
-    FrameKey,
-    dead_worker,
-    finished_cleanly,
-    frame_site,
-    python_frames,
-    stack_signature,
-    top_frame,
-)
+from watchdog.coordinator.evidence import dead_worker, finished_cleanly
 from watchdog.coordinator.silent_bugs import Finding
 from watchdog.coordinator.view import RankEvidence, rank_evidence
 from watchdog.explain.scan import explain_lines
+from watchdog.frames import FrameKey, frame_site, python_frames, stack_signature, top_frame
 from watchdog.model import (
     DATALOADER_WORKER,
     FULL_ROWS,

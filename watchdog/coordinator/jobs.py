@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.coordinator.evidence import in_open_phase, progress_sign, python_frames
+from watchdog.coordinator.evidence import in_open_phase, progress_sign
 from watchdog.coordinator.silent_bugs import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
+from watchdog.frames import python_frames
 from watchdog.model import (
     Frame,
     GroupProgress,

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from watchdog.coordinator.evidence import group_members
+from watchdog.coordinator.membership import group_members
 from watchdog.coordinator.wording import group_text
 from watchdog.model import JobSnapshot, Kind, RankState
 from watchdog.text import ranks_text

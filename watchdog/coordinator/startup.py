@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from watchdog.coordinator.evidence import by_identity, python_frames
+from watchdog.frames import by_identity, python_frames
 from watchdog.model import Frame, JobSnapshot, Kind, RankStack, RankState, Verdict
 
 SETUP_CALLS = ("init_process_group", "new_group")

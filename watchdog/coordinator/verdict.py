@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from watchdog.coordinator.evidence import frame_site
 from watchdog.coordinator.rules import (
     all_in,
     exited,
@@ -33,6 +32,7 @@ from watchdog.coordinator.rules import (
 )
 from watchdog.coordinator.view import StallView
 from watchdog.coordinator.wording import verb, waiters_text
+from watchdog.frames import frame_site
 from watchdog.model import JobSnapshot, Kind, Verdict
 from watchdog.text import ranks_text
 

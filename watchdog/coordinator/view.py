@@ -12,18 +12,17 @@ from typing import Any, Generic, TypeVar, overload
 
 from watchdog.coordinator.evidence import (
     collective_frame,
-    furthest_entered,
-    group_members,
     in_open_phase,
     is_stopped,
     latest_pending,
     progress_sign,
-    stuck_frame,
     waits_for_file_lock,
     waits_in_collective,
     wedge_reason,
 )
+from watchdog.coordinator.membership import furthest_entered, group_members
 from watchdog.coordinator.startup import setup_call
+from watchdog.frames import stuck_frame
 from watchdog.model import (
     CollectiveRef,
     Frame,

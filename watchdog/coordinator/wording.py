@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from watchdog.coordinator.evidence import child_name, collective_frame, frame_site, stuck_child
+from watchdog.coordinator.evidence import child_name, collective_frame, stuck_child
 from watchdog.coordinator.view import Place, StallView
+from watchdog.frames import frame_site
 from watchdog.model import DDP_INIT_OP, WORLD_GROUP, CollectiveRef
 from watchdog.text import clock, ranks_text
 

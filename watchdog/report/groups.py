@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.coordinator.evidence import stack_signature
+from watchdog.frames import stack_signature
 from watchdog.model import Frame
 from watchdog.report.stack_tree import frames_of
 from watchdog.text import ranks_text

@@ -15,7 +15,7 @@ from typing import Any
 
 from watchdog import __version__
 from watchdog.atomic import write_atomically
-from watchdog.coordinator.evidence import frame_site, stuck_frame
+from watchdog.frames import frame_site, stuck_frame
 from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import RankGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge

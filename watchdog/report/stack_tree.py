@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from watchdog.coordinator.evidence import FrameKey, frame_key, python_frames
+from watchdog.frames import FrameKey, frame_key, python_frames
 from watchdog.model import Frame
 from watchdog.report.page import esc
 from watchdog.text import ranks_text

@@ -178,7 +178,7 @@ def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]
 
 def _shared_frames(m: pb.RankStack) -> tuple[Frame, ...]:
     """A rank's frames, one tuple shared by the ranks whose stacks are equal: what the
-    coordinator reads from a stack it reads once per distinct stack (`evidence.by_identity`),
+    coordinator reads from a stack it reads once per distinct stack (`frames.by_identity`),
     not once per rank."""
     key = tuple([(f.function, f.file, f.line) for f in m.frames])
     shared = _SHARED.get(key)

@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from watchdog.coordinator.evidence import (
-    DeadWorker,
-    awaited_collective,
-    dead_worker,
-    finished_cleanly,
-    frame_site,
-    latest_pending,
-    stuck_frame,
-)
+from watchdog.coordinator.evidence import DeadWorker, dead_worker, finished_cleanly, latest_pending
+from watchdog.coordinator.membership import awaited_collective
 from watchdog.explain.advice import PEER_EXITED
 from watchdog.explain.scan import classify_line
+from watchdog.frames import frame_site, stuck_frame
 from watchdog.model import Advice, ExitReason, Frame, JobSnapshot, Kind, RankState, Verdict
 from watchdog.text import clock, ranks_text
 

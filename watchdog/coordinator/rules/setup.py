@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from watchdog.coordinator.evidence import frame_site
 from watchdog.coordinator.startup import SETUP_CALLS, connecting
 from watchdog.coordinator.view import StallView
 from watchdog.coordinator.wording import culprits_text, verb
 from watchdog.explain.advice import ADVICE, CONNECT_FAILED, RENDEZVOUS
+from watchdog.frames import frame_site
 from watchdog.model import WORLD_GROUP, Advice, CollectiveRef, Kind, Verdict
 from watchdog.text import clock, ranks_text
 
