@@ -17,7 +17,7 @@ from typing import Any
 from agent import procfs, verify
 from watchdog.frames import is_native_file
 from watchdog.model import Frame
-from watchdog.transport.wire import MAX_CHILDREN
+from watchdog.transport.limits import MAX_CHILDREN
 
 # Where a wait blocks below the call that waits on a child: skipped to reach that call.
 _WAIT_HELPERS = ("/selectors.py", "/threading.py", "/queue.py", "/socket.py")

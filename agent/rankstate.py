@@ -19,7 +19,7 @@ from watchdog.model import (
     bounded_frames,
 )
 from watchdog.text import bounded
-from watchdog.transport.wire import MAX_REASON_FRAMES
+from watchdog.transport.limits import MAX_REASON_FRAMES
 
 
 def rank_state(worker: Worker, now: float) -> RankState:

@@ -29,7 +29,7 @@ from agent import children, procfs
 from watchdog.errors import PtraceDeniedError, PySpyMissingError
 from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack, bounded_frames
 from watchdog.text import bounded
-from watchdog.transport.wire import MAX_CHILD_FRAMES, MAX_FRAMES
+from watchdog.transport.limits import MAX_CHILD_FRAMES, MAX_FRAMES
 
 log = logging.getLogger(__name__)
 

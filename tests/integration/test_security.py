@@ -46,10 +46,10 @@ from watchdog.coordinator.store import IncidentStore
 from watchdog.errors import AuthError, CoordinatorUnreachableError, UsageError
 from watchdog.model import NodeReport, RankState
 from watchdog.transport.auth import REFUSED, ClientSecurity, client_security, server_security
+from watchdog.transport.limits import MAX_MESSAGE_BYTES
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
 from watchdog.transport.rpc import CoordinatorClient, start_server
-from watchdog.transport.wire import MAX_MESSAGE_BYTES
 
 
 def watchdog_status(address: str, *flags: str,

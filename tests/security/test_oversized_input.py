@@ -32,7 +32,7 @@ from tests.helpers.attack import (
 )
 from watchdog.env import MAX_JOB_ID
 from watchdog.text import MAX_TEXT, TRUNCATED
-from watchdog.transport.wire import MAX_FRAMES
+from watchdog.transport.limits import MAX_FRAMES
 
 pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 

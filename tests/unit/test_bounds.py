@@ -13,7 +13,7 @@ from watchdog import env as _env
 from watchdog.beacon import BeaconWriter, Identity, RaisedException, open_beacon, read_beacon
 from watchdog.model import MAX_LINE, Frame, bounded_frames
 from watchdog.text import MAX_TEXT, TRUNCATED, bounded
-from watchdog.transport.wire import MAX_REASON_FRAMES
+from watchdog.transport.limits import MAX_REASON_FRAMES
 
 
 @pytest.mark.parametrize(("text", "limit", "expected"), [

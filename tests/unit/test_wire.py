@@ -28,6 +28,7 @@ from watchdog.model import (
     StatusQuery,
 )
 from watchdog.text import MAX_TEXT, TRUNCATED
+from watchdog.transport import limits
 from watchdog.transport import wire as _wire
 from watchdog.transport.proto import watchdog_pb2 as pb
 
@@ -97,7 +98,7 @@ def test_equal_stacks_arrive_as_one_shared_tuple_of_frames() -> None:
     replace(RANK, job_id=""),
     replace(RANK, rank=4),
     replace(RANK, world_size=0),
-    replace(RANK, rank=0, world_size=_wire.MAX_WORLD + 1),
+    replace(RANK, rank=0, world_size=limits.MAX_WORLD + 1),
     replace(RANK, local_rank=-2),
     replace(RANK, last_event_at=math.nan),
     replace(RANK, heartbeat_age=math.inf),
@@ -106,14 +107,14 @@ def test_equal_stacks_arrive_as_one_shared_tuple_of_frames() -> None:
     replace(RANK, activity=Activity(5.0, write_rate=-1.0)),
     replace(RANK, groups=(GroupProgress("1", (0, -5), 1, "all_reduce", 0, 1.0),)),
     replace(RANK, exit_reason=ExitReason(signal="\x1b[2J")),
-    replace(RANK, attempt=_wire.MAX_ATTEMPT),
+    replace(RANK, attempt=limits.MAX_ATTEMPT),
     replace(RANK, setup_age=math.nan),
     replace(RANK, compile_age=math.inf),
     replace(RANK, compile_age=math.nan),
     replace(RANK, compile_age=-0.5),
     replace(RANK, evidence=CheckEvidence(fingerprints=(Fingerprint("loss", "0", 0, 8, 1),))),
     replace(RANK, evidence=CheckEvidence(
-        fingerprints=(Fingerprint("batch", "0", 0, 8, 1),) * (_wire.MAX_FINGERPRINTS + 1))),
+        fingerprints=(Fingerprint("batch", "0", 0, 8, 1),) * (limits.MAX_FINGERPRINTS + 1))),
 ])
 def test_a_malformed_rank_state_is_dropped_alone(broken: RankState) -> None:
     healthy = replace(RANK, rank=2)
@@ -159,8 +160,8 @@ def test_an_exit_reasons_frames_keep_the_innermost() -> None:
     got = through_the_wire(NodeReport("node-a", 1.0, (sent,)))
     assert isinstance(got, NodeReport) and got.ranks[0].exit_reason is not None
     assert got.ranks[0].exit_reason.frames == (
-        *frames[:_wire.MAX_REASON_FRAMES - 1],
-        Frame(f"…[{200 - _wire.MAX_REASON_FRAMES + 1} outer frames not shown]", "<truncated>", 0))
+        *frames[:limits.MAX_REASON_FRAMES - 1],
+        Frame(f"…[{200 - limits.MAX_REASON_FRAMES + 1} outer frames not shown]", "<truncated>", 0))
 
 
 WORKER = ChildStack(4250, DATALOADER_WORKER, worker_id=1, state="S",
@@ -181,10 +182,10 @@ def test_a_rank_stack_carries_its_children_through_the_wire() -> None:
 
 
 @pytest.mark.parametrize("broken", [
-    (WORKER,) * (_wire.MAX_CHILDREN + 1),
+    (WORKER,) * (limits.MAX_CHILDREN + 1),
     (replace(WORKER, pid=0),),
-    (replace(WORKER, pid=_wire.MAX_PID),),
-    (replace(WORKER, worker_id=_wire.MAX_WORKER_ID),),
+    (replace(WORKER, pid=limits.MAX_PID),),
+    (replace(WORKER, worker_id=limits.MAX_WORKER_ID),),
     (replace(WORKER, role="root_shell"),),
     (replace(WORKER, state="\x1b"),),
     (replace(WORKER, cpu=math.nan),),
@@ -210,10 +211,10 @@ def test_a_deep_stack_keeps_its_innermost_frames_and_says_how_many_are_not_shown
     frames = tuple(Frame("recurse", "f.py", n) for n in range(2000))
     worker = replace(WORKER, frames=frames, error="e" * 5000)
     got = stack_through_the_wire(RankStack(0, 1, frames, children=(worker,)))
-    assert got.frames == (*frames[:_wire.MAX_FRAMES - 1],
+    assert got.frames == (*frames[:limits.MAX_FRAMES - 1],
                           Frame("…[1489 outer frames not shown]", "<truncated>", 0))
     child = got.children[0]
-    assert child.frames[:-1] == frames[:_wire.MAX_CHILD_FRAMES - 1]
+    assert child.frames[:-1] == frames[:limits.MAX_CHILD_FRAMES - 1]
     assert child.frames[-1].function == "…[1873 outer frames not shown]"
     assert child.error == cut(5000, "e")
 
@@ -223,7 +224,7 @@ def test_long_log_lines_are_cut_and_only_the_last_lines_kept() -> None:
     output = ("y" * 10_000, *(f"out {n}" for n in range(99)))
     got = stack_through_the_wire(RankStack(0, 1, nccl_log=nccl, worker_log=output))
     assert got.nccl_log == nccl
-    assert got.worker_log == output[-(_wire.MAX_LOG_LINES - 150):]
+    assert got.worker_log == output[-(limits.MAX_LOG_LINES - 150):]
     alone = stack_through_the_wire(RankStack(0, 1, worker_log=output))
     assert alone.worker_log[0] == cut(10_000, "y")
 
@@ -234,7 +235,7 @@ def test_an_empty_message_is_rejected() -> None:
 
 
 def test_stack_requests_ask_for_a_bounded_number_of_samples() -> None:
-    for asked, served in ((0, 1), (3, 3), (1000, _wire.MAX_SAMPLES)):
+    for asked, served in ((0, 1), (3, 3), (1000, limits.MAX_SAMPLES)):
         raw = _wire.stack_request_to_pb(StackRequest(9, "job", (0, 1), asked)).SerializeToString()
         request = _wire.coordinator_message_from_pb(pb.CoordinatorMessage.FromString(raw))
         assert request == StackRequest(9, "job", (0, 1), served)
@@ -252,7 +253,7 @@ def test_a_status_query_asks_for_ranks_in_full_within_bounds() -> None:
 def test_distinct_deep_stacks_never_keep_more_than_the_budget() -> None:
     """An agent may send a stream of distinct deep stacks with the longest names: what is kept
     for ranks alike to share stays within SHARED_BYTES, and equal stacks are still shared."""
-    deep = tuple(Frame("f" * MAX_TEXT, "train.py", i) for i in range(_wire.MAX_FRAMES - 1))
+    deep = tuple(Frame("f" * MAX_TEXT, "train.py", i) for i in range(limits.MAX_FRAMES - 1))
     for n in range(3 * _wire.SHARED_BYTES // (len(deep) * MAX_TEXT)):
         reply = StackReply(n, "node-a", (RankStack(0, 1, (Frame(f"g{n}", "x.py", 1), *deep)),))
         _wire.agent_message_from_pb(pb.AgentMessage.FromString(

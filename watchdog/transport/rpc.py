@@ -28,6 +28,7 @@ from watchdog.model import EVERY_JOB, NodeReport, StackReply, StackRequest, Stat
 from watchdog.transport import wire as _wire
 from watchdog.transport.auth import ClientSecurity, Handler, ServerSecurity, is_loopback
 from watchdog.transport.health import Health, OpenHealth
+from watchdog.transport.limits import MAX_MESSAGE_BYTES
 from watchdog.transport.proto import watchdog_pb2 as pb
 from watchdog.transport.proto import watchdog_pb2_grpc as pb_grpc
 from watchdog.transport.roles import Guard, certificate_names, role_tokens
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 # to gRPC's defaults (4 MiB received, no limit sent): a report of many ranks with stacks can
 # pass 4 MiB.
 CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", _wire.MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", _wire.MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 
 AgentMessage = NodeReport | StackReply

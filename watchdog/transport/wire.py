@@ -11,20 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import re
-import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-# The largest job the project supports, which the agent's beacon reader bounds too: a rank
-# claiming a larger world is no rank of any job, and would make every list of "the world's
-# ranks" that large. Imported "as" itself: re-exported.
-from watchdog.beacon.layout import MAX_WORLD as MAX_WORLD
 from watchdog.bounded import BoundedTable
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
     CHECK_KINDS,
-    DATALOADER_WORKER,
     MAX_FULL_ROWS,
     NO_ACTIVITY,
     NO_EVIDENCE,
@@ -45,80 +38,40 @@ from watchdog.model import (
     StatusQuery,
     bounded_frames,
 )
-from watchdog.text import MAX_TEXT, bounded, parse_ranks, printable
+from watchdog.text import MAX_TEXT, parse_ranks, printable
+from watchdog.transport.limits import (
+    CHILD_ROLES,
+    FINGERPRINT_OF,
+    MAX_ATTEMPT,
+    MAX_CHILD_CPU,
+    MAX_CHILD_FRAMES,
+    MAX_CHILDREN,
+    MAX_FINGERPRINTS,
+    MAX_FRAMES,
+    MAX_LOG_LINES,
+    MAX_PID,
+    MAX_RANK,
+    MAX_REASON_FRAMES,
+    MAX_SAMPLES,
+    MAX_WORKER_ID,
+    MAX_WORLD,
+    PROC_STATES,
+    SIGNAL,
+    check_times,
+    checked_rank,
+    cut_text,
+    cut_texts,
+    finite_time,
+    say_once,
+)
 from watchdog.transport.proto import watchdog_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-MAX_RANK = MAX_WORLD
-MAX_FRAMES = 512
-MAX_LOG_LINES = 200
-MAX_SAMPLES = 8  # stacks of one rank per request: each pauses it
-MAX_REASON_FRAMES = 64  # an exit reason's frames (the hook records a few within 2 KB)
-MAX_ATTEMPT = 1 << 20
 SHARED_BYTES = 8 << 20  # of the distinct stacks kept for ranks alike to share (`bounded`)
-MAX_CHILDREN = 16  # child processes of one rank whose stacks come along (the agent keeps to it)
-MAX_CHILD_FRAMES = 128  # a DataLoader worker's stack is a dozen frames deep (the agent cuts)
-MAX_PID = 1 << 22  # the kernel's own limit (pid_max)
-MAX_WORKER_ID = 1 << 16
-MAX_CHILD_CPU = 4096.0  # cores
-CHILD_ROLES = frozenset({"", DATALOADER_WORKER})
-PROC_STATES = frozenset({"", *"RSDTtZXIWPK"})
-_SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
-MAX_FINGERPRINTS = 64
-FINGERPRINT_OF = frozenset({"parameters", "batch", "optimizer"})
 CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
 M = TypeVar("M")
 T = TypeVar("T")
-
-
-SAY_EVERY_S = 60.0
-_said: dict[str, float] = {}  # what (one of a few fixed words) -> when it was last said
-
-
-def _once(what: str, message: str, *args: object) -> None:
-    """A warning, once a minute at most for each `what`: a rogue agent may send it 5 times a
-    second."""
-    now = time.monotonic()
-    if now - _said.get(what, -SAY_EVERY_S) >= SAY_EVERY_S:
-        _said[what] = now
-        log.warning(message, *args)
-
-
-def _text(value: str, what: str) -> str:
-    if len(value) <= MAX_TEXT // 4:  # at most 4 bytes a character: no need to look closer
-        return value
-    cut = bounded(value)
-    if cut != value:
-        _once(what, "an agent sent a %s of %d characters: cut to %d bytes", what, len(value),
-              MAX_TEXT)
-    return cut
-
-
-def _rank(value: int, what: str) -> int:
-    if not -1 <= value < MAX_RANK:
-        raise MessageRejectedError(f"{what} {value} is out of range")
-    return value
-
-
-def _time(value: float, what: str) -> float:
-    if not math.isfinite(value):
-        raise MessageRejectedError(f"{what} is not a finite number")
-    return value
-
-
-# Rank states arrive 16k a second at scale: their fields are checked in one expression each, not
-# one call per field. A sum is finite only when every term is (NaN and infinities propagate).
-def _texts(*values: str) -> tuple[str, ...]:
-    if max(map(len, values)) <= MAX_TEXT // 4:
-        return values
-    return tuple(_text(value, "text field") for value in values)
-
-
-def _check_times(total: float) -> None:
-    if not math.isfinite(total):
-        raise MessageRejectedError("a time field is not a finite number")
 
 
 def group_to_pb(g: GroupProgress) -> pb.GroupProgress:
@@ -130,7 +83,7 @@ def group_to_pb(g: GroupProgress) -> pb.GroupProgress:
 def group_from_pb(m: pb.GroupProgress) -> GroupProgress:
     group, op, entered_at, ranks = m.group, m.entered_op, m.entered_at, tuple(m.ranks)
     if len(group) > MAX_TEXT // 4 or len(op) > MAX_TEXT // 4:
-        group, op = _texts(group, op)
+        group, op = cut_texts(group, op)
     if not math.isfinite(entered_at):
         raise MessageRejectedError("a time field is not a finite number")
     if ranks and (min(ranks) < 0 or max(ranks) >= MAX_RANK):
@@ -153,7 +106,7 @@ def activity_from_pb(m: pb.Activity) -> Activity:
                                                 m.read_rate, m.write_rate, m.main_wait)
     gpu = m.gpu_util if m.HasField("gpu_util") else None
     values = (window, main, process, read, write, gpu or 0.0, wait)
-    _check_times(sum(values))
+    check_times(sum(values))
     if min(values) < 0:
         raise MessageRejectedError("a negative activity rate")
     if wait > 1:
@@ -169,8 +122,8 @@ def _frames_to_pb(frames: tuple[Frame, ...]) -> list[pb.Frame]:
 
 def _frames_from_pb(frames: Sequence[pb.Frame], limit: int) -> tuple[Frame, ...]:
     if len(frames) > limit:
-        _once("frames", "an agent sent a stack of %d frames: the innermost %d kept", len(frames),
-              limit - 1)
+        say_once("frames", "an agent sent a stack of %d frames: the innermost %d kept",
+                 len(frames), limit - 1)
     # Only the frames kept are converted: a deep stack costs no more than a bounded one.
     return bounded_frames([Frame(f.function, f.file, f.line) for f in frames[:limit]], limit,
                           len(frames))
@@ -199,8 +152,8 @@ def exit_reason_to_pb(e: ExitReason) -> pb.ExitReason:
 
 
 def exit_reason_from_pb(m: pb.ExitReason) -> ExitReason:
-    exception, message = _texts(m.exception, m.message)
-    if not _SIGNAL.fullmatch(m.signal):
+    exception, message = cut_texts(m.exception, m.message)
+    if not SIGNAL.fullmatch(m.signal):
         raise MessageRejectedError(f"{m.signal[:40]!r} is not a signal name")
     return ExitReason(exception, message, _frames_from_pb(m.frames, MAX_REASON_FRAMES),
                       m.signal, m.oom_killed)
@@ -239,10 +192,10 @@ def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
     if len(m.fingerprints) > MAX_FINGERPRINTS:
         raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
                                    f"{MAX_FINGERPRINTS})")
-    prints = tuple(Fingerprint(f.of, _text(f.group, "group name"), f.module, f.step, f.digest)
-                   for f in m.fingerprints)
+    prints = tuple(Fingerprint(f.of, cut_text(f.group, "group name"), f.module, f.step,
+                               f.digest) for f in m.fingerprints)
     reuse, change, loss = m.sampler_reuse, m.ddp_module_change, m.nonfinite_loss
-    change_group, change_text = _texts(change.group, change.change)
+    change_group, change_text = cut_texts(change.group, change.change)
     if any(f.of not in FINGERPRINT_OF for f in prints):
         raise MessageRejectedError("a fingerprint of something unknown")
     return CheckEvidence(
@@ -285,7 +238,7 @@ def rank_to_pb(r: RankState) -> pb.RankState:
 
 
 def rank_from_pb(m: pb.RankState) -> RankState:
-    job_id, host, proc_state, phase, setup, rendezvous = _texts(
+    job_id, host, proc_state, phase, setup, rendezvous = cut_texts(
         m.job_id, m.host, m.proc_state, m.phase, m.setup, m.rendezvous)
     rank, world, local_rank = m.rank, m.world_size, m.local_rank
     if not job_id:
@@ -302,7 +255,7 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     compile_age = m.compile_age if m.HasField("compile_age") else None
     last_event_at, phase_age, phase_timeout = m.last_event_at, m.phase_age, m.phase_timeout
     gap_p99, gaps = m.gap_p99, m.gaps
-    _check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
+    check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
                  + (exited_at or 0.0) + (progress_age or 0.0) + gap_p99 + (setup_age or 0.0)
                  + (compile_age or 0.0))
     if compile_age is not None and compile_age < 0:
@@ -353,15 +306,15 @@ def _child_from_pb(m: pb.ChildStack) -> ChildStack:
         raise MessageRejectedError(f"child CPU {m.cpu} out of range")
     return ChildStack(pid=m.pid, role=m.role, worker_id=None if m.worker_id < 0 else m.worker_id,
                       state=m.state, frames=_frames_from_pb(m.frames, MAX_CHILD_FRAMES),
-                      error=_text(m.error, "child error"), moved=m.moved, cpu=m.cpu)
+                      error=cut_text(m.error, "child error"), moved=m.moved, cpu=m.cpu)
 
 
 def _log_lines(lines: Sequence[str], limit: int) -> tuple[str, ...]:
     """The last `limit` lines (a log's latest lines are the ones that tell), each bounded."""
     if len(lines) > limit:
-        _once("log lines", "an agent sent %d log lines of one rank: the last %d kept",
-              len(lines), limit)
-    return tuple(_text(line, "log line") for line in lines[max(0, len(lines) - limit):])
+        say_once("log lines", "an agent sent %d log lines of one rank: the last %d kept",
+                 len(lines), limit)
+    return tuple(cut_text(line, "log line") for line in lines[max(0, len(lines) - limit):])
 
 
 def _stack_from_pb(m: pb.RankStack) -> RankStack:
@@ -370,8 +323,8 @@ def _stack_from_pb(m: pb.RankStack) -> RankStack:
                                    f"{MAX_CHILDREN})")
     frames = _shared_frames(m)
     nccl_log = _log_lines(m.nccl_log, MAX_LOG_LINES)
-    return RankStack(rank=_rank(m.rank, "rank"), pid=m.pid, frames=frames,
-                     error=_text(m.error, "stack error"), was_stopped=m.was_stopped,
+    return RankStack(rank=checked_rank(m.rank, "rank"), pid=m.pid, frames=frames,
+                     error=cut_text(m.error, "stack error"), was_stopped=m.was_stopped,
                      nccl_log=nccl_log,
                      worker_log=_log_lines(m.worker_log, MAX_LOG_LINES - len(nccl_log)),
                      samples=min(max(m.samples, 1), MAX_SAMPLES), moved=m.moved,
@@ -381,11 +334,11 @@ def _stack_from_pb(m: pb.RankStack) -> RankStack:
 def agent_message_from_pb(m: pb.AgentMessage) -> NodeReport | StackReply:
     body = m.WhichOneof("body")
     if body == "report":
-        node = _text(m.report.node, "node")
-        return NodeReport(node=node, sent_at=_time(m.report.sent_at, "sent_at"),
+        node = cut_text(m.report.node, "node")
+        return NodeReport(node=node, sent_at=finite_time(m.report.sent_at, "sent_at"),
                           ranks=_each(rank_from_pb, m.report.ranks, node))
     if body == "stacks":
-        node = _text(m.stacks.node, "node")
+        node = cut_text(m.stacks.node, "node")
         return StackReply(request_id=m.stacks.request_id, node=node,
                           stacks=_each(_stack_from_pb, m.stacks.stacks, node))
     raise MessageRejectedError("empty agent message")
@@ -400,8 +353,8 @@ def _each(convert: Callable[[M], T], messages: Sequence[M], node: str) -> tuple[
             kept.append(convert(message))
         except MessageRejectedError as e:
             name = type(message).__name__
-            _once(name, "dropped a %s of node %s: %s", name, printable(node),
-                  printable(str(e)))
+            say_once(name, "dropped a %s of node %s: %s", name, printable(node),
+                     printable(str(e)))
     return tuple(kept)
 
 
@@ -415,8 +368,8 @@ def coordinator_message_from_pb(m: pb.CoordinatorMessage) -> StackRequest | None
     if m.WhichOneof("body") != "stack_request":
         return None
     r = m.stack_request
-    return StackRequest(request_id=r.request_id, job_id=_text(r.job_id, "job id"),
-                        ranks=tuple(_rank(x, "rank") for x in r.ranks),
+    return StackRequest(request_id=r.request_id, job_id=cut_text(r.job_id, "job id"),
+                        ranks=tuple(checked_rank(x, "rank") for x in r.ranks),
                         samples=min(max(r.samples, 1), MAX_SAMPLES))
 
 
@@ -426,10 +379,10 @@ def status_request_to_pb(query: StatusQuery) -> pb.StatusRequest:
 
 def status_request_from_pb(m: pb.StatusRequest) -> StatusQuery:
     try:
-        ranks = parse_ranks(_text(m.ranks, "ranks"), MAX_FULL_ROWS) if m.ranks else ()
+        ranks = parse_ranks(cut_text(m.ranks, "ranks"), MAX_FULL_ROWS) if m.ranks else ()
     except ValueError as e:
         raise MessageRejectedError(f"ranks: {e}") from None
-    return StatusQuery(_text(m.job_id, "job id"), ranks)
+    return StatusQuery(cut_text(m.job_id, "job id"), ranks)
 
 
 def status_reply_to_pb(status_json: str) -> pb.StatusReply:
