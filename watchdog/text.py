@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TypeVar, cast
+
+T = TypeVar("T")
 
 MAX_TEXT = 4096  # UTF-8 bytes of any one text a worker controls, wherever it travels
 TRUNCATED = "…[truncated]"
@@ -97,13 +99,14 @@ def _escape(c: str) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
-def printable_tree(value: Any) -> Any:
+def printable_tree(value: T) -> T:
     """A copy of a JSON-shaped value (dicts, lists, strings, numbers) with every string, keys
-    included, passed through `printable`."""
+    included, passed through `printable`: the same shape, so of the same type (a tuple comes
+    back a list, as JSON has it)."""
     if isinstance(value, str):
-        return printable(value)
+        return cast(T, printable(value))
     if isinstance(value, dict):
-        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+        return cast(T, {printable_tree(k): printable_tree(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
-        return [printable_tree(v) for v in value]
+        return cast(T, [printable_tree(v) for v in value])
     return value

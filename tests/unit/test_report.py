@@ -97,7 +97,7 @@ def test_grouping_coarsens_until_it_fits() -> None:
     rows = [dict(incident()["ranks"][0], rank=rank, step=rank) for rank in range(100)]
     assert len(group_ranks(rows, culprits=(), limit=100)) == 100  # every step differs
     (group,) = group_ranks(rows, culprits=(), limit=10)  # steps no longer split them
-    assert group.varies("step") and len(group.rows) == 100
+    assert group.steps_vary and len(group.rows) == 100
 
 
 def test_timeline_lists_the_culprit_lane_first_with_its_collectives() -> None:

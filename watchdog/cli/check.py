@@ -34,6 +34,7 @@ from watchdog.cli.rendezvous import (
 from watchdog.demo import MINIMAL_PREFIX, MINIMAL_SCRIPT, MINIMAL_STEPS
 from watchdog.errors import ExitCode
 from watchdog.explain.advice import ADVICE
+from watchdog.schema import Incident
 
 EXPLAINED_FINDINGS = 6
 
@@ -113,7 +114,7 @@ async def _run_job(backend: str, nproc: int, rendezvous: Rendezvous, torchrun_ar
               f"{rendezvous.addr}:{rendezvous.port}; the job's output goes to {log}\n")
     out.flush()
     policy = StallPolicy(floor=min(10.0, timeout), warmup=timeout)
-    incidents: list[dict[str, Any]] = []
+    incidents: list[Incident] = []
     run_options = RunOptions(cmd, policy, on_hang="kill", db_path=db_path, job_log=log,
                              time_limit=2 * timeout + 30)
     code = await run_job(run_options, out, incidents)
@@ -134,7 +135,7 @@ def _read_steps(log: str) -> dict[tuple[int, str], dict[str, Any]]:
 
 
 def report(code: int, nproc: int, steps: Mapping[tuple[int, str], Mapping[str, Any]],
-           incidents: Sequence[Mapping[str, Any]], log: str, out: TextIO) -> int:
+           incidents: Sequence[Incident], log: str, out: TextIO) -> int:
     """The table of steps, then the verdict: exit 0 only when every step passed everywhere."""
     passed = True
     out.write(f"\n{'step':<24}{'ranks ok':<10}slowest\n")

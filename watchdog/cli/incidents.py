@@ -9,6 +9,7 @@ import sys
 from watchdog.cli import options
 from watchdog.errors import UsageError, WatchdogError
 from watchdog.report.terminal import render_incident, render_incident_list, use_color
+from watchdog.schema import Incident
 
 
 class IncidentsCommand:
@@ -61,7 +62,7 @@ class IncidentsCommand:
         return 0
 
 
-def _write_html(path: str, incident: dict[str, object]) -> None:
+def _write_html(path: str, incident: Incident) -> None:
     from watchdog.report import write_html
 
     try:

@@ -11,13 +11,13 @@ import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from watchdog.cli import options
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import CoordinatorUnreachableError, WatchdogError
 from watchdog.model import EVERY_JOB, FULL_ROWS, MAX_FULL_ROWS, StatusQuery
 from watchdog.report.terminal import render_status, use_color
+from watchdog.schema import StatusJob
 from watchdog.text import parse_ranks
 from watchdog.transport import ClientSecurity
 
@@ -35,7 +35,7 @@ class Source:
 @dataclass
 class Answer:
     source: Source
-    jobs: list[dict[str, Any]]
+    jobs: list[StatusJob]
 
 
 class StatusCommand:
@@ -126,7 +126,7 @@ async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:
 async def _ask(source: Source) -> Answer | str:
     try:
         text = await _status_text(source, SOURCE_TIMEOUT_S)
-        jobs = json.loads(text)["jobs"]
+        jobs: list[StatusJob] = json.loads(text)["jobs"]
     except WatchdogError as e:
         return f"{source.label}: {str(e).splitlines()[0]}"
     except (ValueError, KeyError, TypeError):

@@ -14,8 +14,8 @@ Once started, the job's shape is fixed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from watchdog import schema
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.model import RankState
@@ -31,7 +31,7 @@ class Flagged:
     reason: str
     seen_at: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> schema.Flagged:
         return {"rank": self.state.rank, "node": self.node, "host": self.state.host,
                 "pid": self.state.pid, "world_size": self.state.world_size,
                 "reason": self.reason}
@@ -82,7 +82,7 @@ class Admission:
     def forget(self, job_id: str) -> None:
         self.flagged.pop(job_id, None)
 
-    def to_json(self, job_id: str) -> list[dict[str, Any]]:
+    def to_json(self, job_id: str) -> list[schema.Flagged]:
         flags = self.flagged.get(job_id, {})
         return [flags[key].to_json() for key in sorted(flags, key=lambda k: (k[2], k[0], k[1]))]
 

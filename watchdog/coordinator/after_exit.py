@@ -14,12 +14,12 @@ launcher ended, or a peer that failed, which the launcher then handles).
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 from watchdog.coordinator.evidence import finished_cleanly
 from watchdog.coordinator.jobs import JobView
+from watchdog.schema import Incident
 from watchdog.text import ranks_text
 
 
@@ -33,7 +33,7 @@ class StillHung:
     """`waiting`, every live rank of the job, made no progress in the `waited` seconds since
     the exit that `incident` names."""
 
-    incident: Mapping[str, Any]
+    incident: Incident
     waited: float
     waiting: tuple[int, ...]
 
@@ -45,7 +45,7 @@ class StillHung:
                 "not end them")
 
 
-def after_exit(job: JobView, exit_incident: Mapping[str, Any],
+def after_exit(job: JobView, exit_incident: Incident,
                now: float) -> StillHung | AfterExit:
     """Whether `job`, whose ranks' exit `exit_incident` told, is still hung as of `now`."""
     culprits = exit_incident["culprit_ranks"]

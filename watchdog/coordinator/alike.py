@@ -10,7 +10,8 @@ A group names its ranks as inclusive [first, last] ranges; `rank_in` answers "wh
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+
+from watchdog.schema import RankTable
 
 
 def ranges(ranks: Iterable[int]) -> list[list[int]]:
@@ -28,7 +29,7 @@ def in_ranges(rank: int, runs: Sequence[Sequence[int]]) -> bool:
     return any(first <= rank <= last for first, last in runs)
 
 
-def rank_in(table: Mapping[str, Any], rank: int) -> Mapping[str, Any] | None:
+def rank_in(table: RankTable, rank: int) -> Mapping[str, object] | None:
     """Rank `rank`'s row in an incident or a status job (`table`): its full row, or the group
     it belongs to (with `rank` set); None when neither lists it."""
     for row in table.get("ranks") or ():

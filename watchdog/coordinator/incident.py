@@ -1,12 +1,13 @@
-"""The incident record: the JSON docs/design.md specifies, built from a snapshot and its verdict
-(runs in the coordinator). `rank_table` also feeds `watchdog status --json`.
+"""The incident record: the JSON docs/design.md specifies (typed in `watchdog.schema`), built
+from a snapshot and its verdict (runs in the coordinator). `rank_table` also feeds `watchdog
+status --json`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
+from watchdog import schema
 from watchdog.coordinator.alike import ranges
 from watchdog.coordinator.evidence import dead_worker, finished_cleanly
 from watchdog.coordinator.silent_bugs import Finding
@@ -37,10 +38,11 @@ def build_incident(
     verdict: Verdict,
     incident_id: str,
     detected_at: float,
-) -> dict[str, Any]:
+) -> schema.Incident:
     """One incident, keys in docs/design.md's order."""
     collective = verdict.collective
-    incident: dict[str, Any] = {
+    table = rank_table(snapshot, verdict.culprit_ranks)
+    incident: schema.Incident = {
         "id": incident_id,
         "job_id": snapshot.job_id,
         "detected_at": detected_at,
@@ -62,7 +64,8 @@ def build_incident(
             "fix": verdict.advice.fix,
         },
         "attempt": snapshot.attempt,
-        **rank_table(snapshot, verdict.culprit_ranks),
+        "ranks": table["ranks"],
+        "rank_groups": table["rank_groups"],
         "stack_groups": stack_groups(snapshot.stacks),
     }
     if verdict.kind == Kind.NODE_UNREACHABLE:
@@ -71,9 +74,10 @@ def build_incident(
 
 
 def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id: str,
-                           detected_at: float) -> dict[str, Any]:
+                           detected_at: float) -> schema.Incident:
     """A finding's incident (severity warning): the keys of any incident, with no collective
     or stacks, and `finding`: the first step it was seen at, its cause and its fix."""
+    table = rank_table(snapshot, finding.culprit_ranks)
     return {
         "id": incident_id,
         "job_id": snapshot.job_id,
@@ -84,7 +88,8 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
         "culprit_ranks": list(finding.culprit_ranks),
         "waiting_ranks": [],
         "collective": None,
-        **rank_table(snapshot, finding.culprit_ranks),
+        "ranks": table["ranks"],
+        "rank_groups": table["rank_groups"],
         "stack_groups": [],
         "finding": {"key": finding.key, "step": finding.step, "cause": finding.cause,
                     "fix": finding.fix},
@@ -92,7 +97,7 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
 
 
 def rank_table(snapshot: JobSnapshot, culprits: Collection[int] = (),
-               wanted: Collection[int] = ()) -> dict[str, Any]:
+               wanted: Collection[int] = ()) -> schema.RankTable:
     """`ranks` and `rank_groups`, of an incident and of `watchdog status --json`. Up to
     FULL_ROWS ranks, every rank in full, by rank. Above, culprits, the ranks `wanted` (a reader
     asked) and ranks with evidence of their own (logs, children, an exit's reason) in full, up
@@ -107,7 +112,7 @@ def rank_table(snapshot: JobSnapshot, culprits: Collection[int] = (),
                                                    and likeness[r] is None]
     full = sorted(own[:MAX_FULL_ROWS])
     listed = set(full)
-    alike: dict[tuple[Any, ...], list[RankEvidence]] = {}
+    alike: dict[tuple[object, ...], list[RankEvidence]] = {}
     for rank, evidence in seen.items():
         if rank not in listed:  # a rank of its own past MAX_FULL_ROWS: a group of one
             alike.setdefault(likeness[rank] or (rank,), []).append(evidence)
@@ -136,7 +141,7 @@ class _Numbers:
 
 
 def _likeness(snapshot: JobSnapshot, seen: RankEvidence,
-              numbers: _Numbers) -> tuple[Any, ...] | None:
+              numbers: _Numbers) -> tuple[object, ...] | None:
     """What ranks alike share (state, step, last collective, set-up, phase, exit code, stack);
     None for a rank with evidence of its own, which a group would lose."""
     rank, stack = seen.state, seen.stack
@@ -149,7 +154,7 @@ def _likeness(snapshot: JobSnapshot, seen: RankEvidence,
         rank.exit_code, numbers.of(seen.frames))
 
 
-def _group(snapshot: JobSnapshot, members: Sequence[RankEvidence]) -> dict[str, Any]:
+def _group(snapshot: JobSnapshot, members: Sequence[RankEvidence]) -> schema.RankGroup:
     """Ranks alike: their ranges and what they share, as the first of them shows it."""
     first = members[0]
     rank = first.state
@@ -181,7 +186,7 @@ def _rank_state(snapshot: JobSnapshot, seen: RankEvidence) -> RankStatus:
     return RankStatus.BUSY if seen.progress else RankStatus.STALLED
 
 
-def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
+def stack_groups(stacks: Mapping[int, RankStack]) -> list[schema.StackGroup]:
     """Ranks with the same main-thread stack, fewest first (the odd one out is the suspect).
 
     Library frames are compared without their line numbers: ranks waiting in one collective may
@@ -199,7 +204,7 @@ def stack_groups(stacks: Mapping[int, RankStack]) -> list[dict[str, Any]]:
     ]
 
 
-def _rank_row(snapshot: JobSnapshot, seen: RankEvidence) -> dict[str, Any]:
+def _rank_row(snapshot: JobSnapshot, seen: RankEvidence) -> schema.RankRow:
     rank = seen.state
     stack = seen.stack or RankStack(rank.rank, rank.pid)
     return {
@@ -226,19 +231,19 @@ def _rank_row(snapshot: JobSnapshot, seen: RankEvidence) -> dict[str, Any]:
     }
 
 
-def _child_row(child: ChildStack) -> dict[str, Any]:
+def _child_row(child: ChildStack) -> schema.Child:
     """A child process the rank waits on, as docs/design.md's incident carries it."""
     return {"pid": child.pid, "role": child.role or None, "worker_id": child.worker_id,
             "state": child.state, "stack": _frames_json(child.frames), "error": child.error,
             "moved": child.moved, "cpu": child.cpu, "exit_code": None, "exit_reason": None}
 
 
-def _dead_children(rank: RankState) -> list[dict[str, Any]]:
+def _dead_children(rank: RankState) -> list[schema.Child]:
     """The DataLoader worker whose death the rank's exception tells of, as a child row."""
     dead = dead_worker(rank.exit_reason)
     if dead is None:
         return []
-    reason: dict[str, Any] | None = None
+    reason: schema.ExitReason | None = None
     if dead.signal:
         reason = {"signal": dead.signal, **({"oom_killed": True} if dead.oom_killed else {})}
     return [{"pid": dead.pid, "role": DATALOADER_WORKER, "worker_id": None, "state": "",
@@ -246,24 +251,24 @@ def _dead_children(rank: RankState) -> list[dict[str, Any]]:
              "exit_reason": reason}]
 
 
-def _frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
+def _frames_json(frames: Sequence[Frame]) -> list[schema.Frame]:
     return [{"function": f.function, "file": f.file, "line": f.line} for f in frames]
 
 
-def _exit_reason(reason: ExitReason | None) -> dict[str, Any] | None:
+def _exit_reason(reason: ExitReason | None) -> schema.ExitReason | None:
     """{"exception": {"type", "message", "frames"}} or {"signal": "SIGKILL"}; None: unknown."""
     if reason is None:
         return None
     if reason.exception:
         return {"exception": {"type": reason.exception, "message": reason.message,
                               "frames": _frames_json(reason.frames)}}
-    killed: dict[str, Any] = {"signal": reason.signal}
+    killed: schema.ExitReason = {"signal": reason.signal}
     if reason.oom_killed:
         killed["oom_killed"] = True
     return killed
 
 
-def _activity(rank: RankState) -> dict[str, Any] | None:
+def _activity(rank: RankState) -> schema.Activity | None:
     """The /proc (and NVML) evidence behind BUSY and STALLED; None where none was measured."""
     work = rank.activity
     if not work.window:
@@ -274,7 +279,7 @@ def _activity(rank: RankState) -> dict[str, Any] | None:
             "main_wait": round(work.main_wait, 3)}
 
 
-def _findings(lines: Sequence[str]) -> list[dict[str, Any]]:
+def _findings(lines: Sequence[str]) -> list[schema.LogFinding]:
     return [finding.to_json() for finding in explain_lines(lines)] if lines else []
 
 
@@ -285,7 +290,7 @@ def _last_entered(rank: RankState) -> GroupProgress | None:
     return max(groups, key=lambda progress: progress.entered_at)
 
 
-def _last_collective(rank: RankState) -> dict[str, Any] | None:
+def _last_collective(rank: RankState) -> schema.LastCollective | None:
     last = _last_entered(rank)
     if last is None:
         return None
@@ -297,7 +302,7 @@ def _last_collective(rank: RankState) -> dict[str, Any] | None:
     }
 
 
-def _timeline(rank: RankState) -> dict[str, Any]:
+def _timeline(rank: RankState) -> schema.Timeline:
     """When this rank last did things, for the HTML report's timeline: its last event, its exit
     and the last collective of each of its groups (the TIMELINE_GROUPS entered last), with
     times. The beacon keeps no older history, so neither does the incident."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from watchdog.coordinator.evidence import in_open_phase, progress_sign
 from watchdog.coordinator.silent_bugs import FindingTracker
@@ -18,8 +16,8 @@ from watchdog.model import (
     Kind,
     RankStack,
     RankState,
-    Severity,
 )
+from watchdog.schema import Incident, is_hang
 
 WARM_EVENTS = 8
 MAX_DUPLICATES = 1024
@@ -31,10 +29,6 @@ LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expecte
 # spell long enough to raise the threshold above the floor (floor / k: 2 s) gets looked at.
 PHASE_LOOK_AFTER_S = 1.5
 PHASE_LOOK_EVERY_S = 1.0
-
-
-def is_hang(incident: Mapping[str, Any]) -> bool:
-    return bool(incident.get("severity", Severity.HANG) == Severity.HANG)
 
 
 _NO_PART = (0, False, False, False, False)
@@ -53,7 +47,7 @@ class JobView:
     policy: StallPolicy
     ranks: dict[int, RankState] = field(default_factory=dict)
     nodes: dict[int, str] = field(default_factory=dict)
-    incident: dict[str, Any] | None = None
+    incident: Incident | None = None
     incident_events: int = -1  # events total when the open incident fired
     evaluating: bool = False
     # Stacks-only jobs (no hook) progress when their stacks change between two looks.
@@ -271,7 +265,7 @@ class JobView:
         """How long a stall at `place` may last, from the stalls there that ended by themselves."""
         return LEARNED_MARGIN * self.learned.get(place, 0.0)
 
-    def told(self, incident: dict[str, Any]) -> None:
+    def told(self, incident: Incident) -> None:
         """`incident` was told (or found stored): it stays open until progress resumes."""
         self.incident, self.incident_events = incident, self.events_total()
         self._incident_exits = self._exited

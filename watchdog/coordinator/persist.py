@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from watchdog.coordinator.store import IncidentStore
 from watchdog.errors import WatchdogError
+from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ T = TypeVar("T")
 class IncidentSaver:
     def __init__(self, store: IncidentStore) -> None:
         self.store = store
-        self.pending: list[dict[str, Any]] = []  # oldest first
+        self.pending: list[Incident] = []  # oldest first
         self._aside = 0  # how many of `pending`, from the oldest, are in the spill file
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="incident-db")
         self._lock = asyncio.Lock()
@@ -40,7 +41,7 @@ class IncidentSaver:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def save(self, incident: dict[str, Any]) -> bool:
+    async def save(self, incident: Incident) -> bool:
         """Store `incident` (after any still pending); True once it is stored, False when the
         database failed and it waits for the next retry."""
         self.pending.append(incident)

@@ -23,7 +23,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection
-from typing import Any
 
 from watchdog import metrics
 from watchdog.coordinator.admission import Admission
@@ -31,7 +30,7 @@ from watchdog.coordinator.after_exit import AfterExit, StillHung, after_exit
 from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
-from watchdog.coordinator.jobs import JobView, is_hang
+from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
@@ -49,6 +48,7 @@ from watchdog.model import (
     StatusQuery,
     Verdict,
 )
+from watchdog.schema import Incident, StatusJob, is_hang
 from watchdog.text import printable
 from watchdog.transport.rpc import AgentMessage, AgentSession
 
@@ -63,10 +63,10 @@ JOB_RETENTION_S = 600.0
 MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
 SWEEP_S = 5.0
 
-IncidentListener = Callable[[dict[str, Any]], None]
+IncidentListener = Callable[[Incident], None]
 # A notice that ended (with `ended_at`) or a hang the job contradicted (with `resumed_at`), and
 # how long its stall lasted, in seconds.
-EndedListener = Callable[[dict[str, Any], float], None]
+EndedListener = Callable[[Incident, float], None]
 StillHungListener = Callable[[StillHung], None]
 JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
 
@@ -172,7 +172,7 @@ class Coordinator:
             if self.sessions.session_of(node) is None:
                 self.nodes.forget(node)
 
-    def job_status(self, job: JobView, now: float, wanted: Collection[int] = ()) -> dict[str, Any]:
+    def job_status(self, job: JobView, now: float, wanted: Collection[int] = ()) -> StatusJob:
         """A job as `watchdog status --json` gives it; a large one's ranks grouped, but for its
         culprits and the ranks `wanted`."""
         verdict = job.incident if job.incident_open or job.done else None
@@ -293,11 +293,13 @@ class Coordinator:
         # just after its ranks moved on ends when it was said, not before.
         moved_at = max(now - job.tracker.stalled_for(now), said["detected_at"])
         if said["severity"] == Severity.NOTICE:
-            job.incident = ended = {**said, "ended_at": moved_at}
+            ended: Incident = {**said, "ended_at": moved_at}
+            job.incident = ended
             return asyncio.create_task(self._moved_on(ended, moved_at - began))
         if said["kind"] == Kind.RANK_EXITED or job.let_go:
             return None  # an exit is no claim progress can contradict; an end was asked for
-        job.incident = resumed = {**said, "resumed_at": moved_at}
+        resumed: Incident = {**said, "resumed_at": moved_at}
+        job.incident = resumed
         job.hung_before = False
         metrics.VERDICTS_RESUMED.inc()
         log.warning("job %s made progress %.0f s after hang incident %s (%s) with nobody acting "
@@ -343,11 +345,11 @@ class Coordinator:
             log.exception("checking job %s for findings failed", job.job_id)
         return tasks
 
-    async def _announce_finding(self, job: JobView, incident: dict[str, Any]) -> None:
+    async def _announce_finding(self, job: JobView, incident: Incident) -> None:
         """Tell a finding, unless it was stored before a restart: then show the stored one."""
         try:
             for text in await self.saver.kind_json(incident["job_id"], incident["kind"]):
-                stored: dict[str, Any] = json.loads(text)
+                stored: Incident = json.loads(text)
                 if stored.get("finding", {}).get("key") == incident["finding"]["key"]:
                     found = job.findings.incidents
                     found[found.index(incident)] = stored
@@ -356,7 +358,7 @@ class Coordinator:
         except Exception:
             log.exception("reporting a finding of job %s failed", job.job_id)
 
-    async def _store(self, incident: dict[str, Any]) -> None:
+    async def _store(self, incident: Incident) -> None:
         """Store the incident before anyone hears of it, unless the database keeps it waiting:
         then it is told now, kept aside if the database refused it, and stored when it can be
         (the save goes on; a failure is retried)."""
@@ -364,7 +366,7 @@ class Coordinator:
             await asyncio.wait_for(asyncio.shield(self.saver.save(incident)),
                                    self.store.busy_timeout + SAVE_WAIT_S)
 
-    async def _announce(self, incident: dict[str, Any]) -> None:
+    async def _announce(self, incident: Incident) -> None:
         """Store the incident, then tell the listeners."""
         await self._store(incident)
         metrics.INCIDENTS.labels(incident["kind"], incident["severity"]).inc()
@@ -372,7 +374,7 @@ class Coordinator:
         for listener in self.listeners:
             listener(incident)
 
-    async def _moved_on(self, incident: dict[str, Any], lasted: float) -> None:
+    async def _moved_on(self, incident: Incident, lasted: float) -> None:
         """Store the incident again, now with `ended_at` (a notice) or `resumed_at` (a hang the
         job contradicted), then tell the listeners of ends how long its stall lasted."""
         try:
@@ -395,12 +397,13 @@ class Coordinator:
             return
         await self._announce(incident)
 
-    async def stored_twin(self, incident: dict[str, Any]) -> dict[str, Any] | None:
+    async def stored_twin(self, incident: Incident) -> Incident | None:
         """The stored incident of the same hang (job, kind, culprits, collective), if any: a
         coordinator restarted mid-hang must not report it twice."""
-        key = ("kind", "culprit_ranks", "collective")
         latest = await self.saver.latest_json(incident["job_id"], JUDGED_KINDS)
         if latest is None:
             return None
-        stored: dict[str, Any] = json.loads(latest)
-        return stored if all(stored[k] == incident[k] for k in key) else None
+        stored: Incident = json.loads(latest)
+        same = (stored["kind"], stored["culprit_ranks"], stored["collective"]) == (
+            incident["kind"], incident["culprit_ranks"], incident["collective"])
+        return stored if same else None

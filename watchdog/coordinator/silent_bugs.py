@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from watchdog.coordinator.membership import group_members
 from watchdog.coordinator.wording import group_text
 from watchdog.model import JobSnapshot, Kind, RankState
+from watchdog.schema import Incident
 from watchdog.text import ranks_text
 
 NO_SYNC_STEPS = 20  # optimizer steps before any gradient collective, for NO_GRAD_SYNC
@@ -125,7 +126,7 @@ class FindingTracker:
     """The findings of one job: evidence merged from its rank states, compared on demand."""
 
     reported: set[str] = field(default_factory=set)
-    incidents: list[dict[str, object]] = field(default_factory=list)  # the warnings, in order
+    incidents: list[Incident] = field(default_factory=list)  # the warnings, in order
     # (of, group, module) -> step -> rank -> digest, the newest KEEP_STEPS steps
     _prints: dict[PrintKey, dict[int, dict[int, int]]] = field(default_factory=dict)
     _compared: dict[PrintKey, int] = field(default_factory=dict)  # the last step compared

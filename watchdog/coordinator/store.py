@@ -19,9 +19,9 @@ import stat
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 from watchdog.errors import WatchdogError
+from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def default_db_path() -> str:
     return os.path.join(state, "torch-hang-watchdog", "incidents.db")
 
 
-def incident_json(incident: dict[str, Any]) -> str:
+def incident_json(incident: Incident) -> str:
     return json.dumps(incident, separators=(", ", ": "))
 
 
@@ -146,7 +146,7 @@ class IncidentStore:
     def spill_path(self) -> str:
         return f"{self.path}.pending"
 
-    def spill(self, incidents: list[dict[str, Any]]) -> None:
+    def spill(self, incidents: list[Incident]) -> None:
         """Keep incidents the database refused in a file beside it (JSON lines, 0600): the next
         process that opens the database stores them."""
         while True:
@@ -181,12 +181,12 @@ class IncidentStore:
     def _add_lines(self, lines: list[str]) -> None:
         for line in lines:
             try:
-                incident = json.loads(line)
+                incident: Incident = json.loads(line)
             except ValueError:
                 continue  # a line cut short when the disk filled up
             self.add(incident)
 
-    def add(self, incident: dict[str, Any]) -> None:
+    def add(self, incident: Incident) -> None:
         """Persist one incident: one row per id. Adding an id again stores its newer text in
         place (a notice that ended gains `ended_at`); the same text again changes nothing."""
         self._db().execute(

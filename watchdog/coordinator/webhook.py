@@ -28,6 +28,7 @@ from typing import Any
 from watchdog import __version__, metrics
 from watchdog.coordinator.deadline import Deadline
 from watchdog.errors import UsageError
+from watchdog.schema import Incident, is_hang
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,6 @@ def check_url(url: str) -> str:
 def redacted(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
-
-
-def severity_of(incident: dict[str, Any]) -> str:
-    """`hang`, `notice` or `warning`; an incident without a severity predates them: a hang."""
-    return str(incident.get("severity", "hang"))
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -137,8 +133,8 @@ class Webhooks:
     def __init__(self, urls: Sequence[str], **options: Any) -> None:
         self.hooks = [Webhook(url, **options) for url in urls]
 
-    def __call__(self, incident: dict[str, Any]) -> None:
-        if severity_of(incident) != "hang":  # notices and warnings are not posted
+    def __call__(self, incident: Incident) -> None:
+        if not is_hang(incident):  # notices and warnings are not posted
             return
         body = json.dumps(incident).encode()
         for hook in self.hooks:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.explain.advice import COLLECTIVE_TIMEOUT, PEER_EXITED
+from watchdog.schema import LogFinding as LogFindingJson
 from watchdog.text import ranks_text
 
 
@@ -21,7 +22,7 @@ class LogFinding:
     cause: str
     fix: str
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> LogFindingJson:
         return {
             "line_no": self.line_no, "text": self.text, "category": self.category,
             "ranks": list(self.ranks), "cause": self.cause, "fix": self.fix,

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from watchdog.frames import stack_signature
 from watchdog.model import Frame
 from watchdog.report.stack_tree import frames_of
+from watchdog.schema import RankRow
 from watchdog.text import ranks_text
 
-Row = Mapping[str, Any]
+Row = RankRow
 MAX_GROUPS = 40
 
 
 @dataclass
-class RankGroup:
+class RowGroup:
     rows: list[Row]
     culprit: bool
     frames: tuple[Frame, ...]  # the first member's stack
@@ -45,12 +45,15 @@ class RankGroup:
             return ", ".join(names)
         return f"{len(names)} hosts ({names[0]} … {names[-1]})"
 
-    def max_of(self, key: str) -> float | None:
-        values = [row[key] for row in self.rows if isinstance(row.get(key), int | float)]
-        return max(values) if values else None
+    @property
+    def oldest_heartbeat(self) -> float | None:
+        ages = [age for row in self.rows
+                if isinstance(age := row.get("heartbeat_age"), int | float)]
+        return max(ages) if ages else None
 
-    def varies(self, key: str) -> bool:
-        return len({repr(row.get(key)) for row in self.rows}) > 1
+    @property
+    def steps_vary(self) -> bool:
+        return len({repr(row.get("step")) for row in self.rows}) > 1
 
 
 def last_collective_key(row: Row) -> tuple[object, ...]:
@@ -76,7 +79,7 @@ def _levels(stacks: Mapping[int, Hashable]) -> list[Callable[[Row], Hashable]]:
 
 
 def group_ranks(rows: Sequence[Row], culprits: Collection[int],
-                limit: int = MAX_GROUPS) -> list[RankGroup]:
+                limit: int = MAX_GROUPS) -> list[RowGroup]:
     """Rows grouped by behaviour: culprits' groups first, then by their lowest rank."""
     ordered = sorted(rows, key=lambda r: int(r["rank"]))
     frames = {int(r["rank"]): frames_of(r) for r in ordered}
@@ -88,6 +91,6 @@ def group_ranks(rows: Sequence[Row], culprits: Collection[int],
             groups.setdefault((int(row["rank"]) in culprits, level(row)), []).append(row)
         if len(groups) <= limit:
             break
-    found = [RankGroup(members, culprit, frames[int(members[0]["rank"])])
+    found = [RowGroup(members, culprit, frames[int(members[0]["rank"])])
              for (culprit, _), members in groups.items()]
     return sorted(found, key=lambda g: (not g.culprit, g.ranks[0]))

@@ -11,21 +11,26 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Literal
 
 from watchdog import __version__
 from watchdog.atomic import write_atomically
 from watchdog.frames import frame_site, stuck_frame
 from watchdog.model import MAX_FULL_ROWS
-from watchdog.report.groups import RankGroup, group_ranks
+from watchdog.report.groups import RowGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge
 from watchdog.report.stack_tree import frames_of, render_tree
 from watchdog.report.timeline import lanes_of, render_timeline
+from watchdog.schema import Child, Incident, LogFinding, RankGroup, RankRow, RankTable
 from watchdog.text import ranks_text
 
-Incident = Mapping[str, Any]
 MAX_CULPRITS_SHOWN = 8
 SEVERITY_CLASS = {"hang": "", "notice": " notice", "warning": " warning"}
+# A rank's log lines, and what `watchdog explain` found in them.
+_LOGS: tuple[tuple[str, Literal["nccl_log", "worker_log"]], ...] = (
+    ("NCCL log", "nccl_log"), ("output", "worker_log"))
+_FINDINGS: tuple[Literal["nccl_findings", "worker_findings"], ...] = (
+    "nccl_findings", "worker_findings")
 
 
 def incident_html(incident: Incident, nav: str = "") -> str:
@@ -88,7 +93,7 @@ def verdict_html(incident: Incident, world: int) -> str:
             f'<div class="facts">{"".join(facts)}</div></div>')
 
 
-def group_table(groups: Sequence[RankGroup]) -> str:
+def group_table(groups: Sequence[RowGroup]) -> str:
     """One row per group of alike ranks."""
     head = ("<table class=\"groups\"><tr><th>ranks</th><th>hosts</th><th>state</th><th>step</th>"
             "<th>last collective</th><th>where</th><th>heartbeat</th></tr>")
@@ -97,8 +102,8 @@ def group_table(groups: Sequence[RankGroup]) -> str:
         row = group.first
         frame = stuck_frame(group.frames)
         where = f"{frame.function} ({frame_site(frame)})" if frame else "-"
-        age = group.max_of("heartbeat_age")
-        step = f"{row.get('step', '-')}" + (" (varies)" if group.varies("step") else "")
+        age = group.oldest_heartbeat
+        step = f"{row.get('step', '-')}" + (" (varies)" if group.steps_vary else "")
         body.append(
             f'<tr class="{"culprit" if group.culprit else ""}">'
             f"<td>{'★ ' if group.culprit else ''}{esc(group.label)}"
@@ -110,13 +115,13 @@ def group_table(groups: Sequence[RankGroup]) -> str:
     return head + "".join(body) + "</table>"
 
 
-def alike_groups(table: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def alike_groups(table: RankTable) -> list[RankGroup]:
     """A large job's `rank_groups` (of an incident or a status job) that are well formed."""
     return [g for g in table.get("rank_groups") or () if isinstance(g, Mapping)
             and isinstance(g.get("count"), int) and isinstance(g.get("ranks"), list)]
 
 
-def alike_table(groups: Sequence[Mapping[str, Any]],
+def alike_table(groups: Sequence[RankGroup],
                 listed: Callable[[int, int], str] | None = None) -> str:
     """A large job's other ranks: one row per group of ranks alike, as ranges; `listed`: the
     address of a page listing ranks first..last in full, to link each group's first ranks to."""
@@ -143,7 +148,7 @@ def alike_table(groups: Sequence[Mapping[str, Any]],
             "</th><th>last collective</th><th>where</th></tr>" + "".join(body) + "</table>")
 
 
-def rank_table(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> str:
+def rank_table(rows: Sequence[RankRow], culprits: Collection[int]) -> str:
     """Every rank, one row each, folded: search it for one rank."""
     body = []
     for row in rows:
@@ -162,7 +167,7 @@ def rank_table(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> 
             + "".join(body) + "</table></details>")
 
 
-def culprit_sections(rows: Sequence[Mapping[str, Any]], culprits: Collection[int]) -> list[str]:
+def culprit_sections(rows: Sequence[RankRow], culprits: Collection[int]) -> list[str]:
     """Each culprit's own evidence: where it is, its whole stack, how it ended, its logs."""
     parts = []
     for row in [r for r in rows if int(r["rank"]) in culprits][:MAX_CULPRITS_SHOWN]:
@@ -177,7 +182,7 @@ def culprit_sections(rows: Sequence[Mapping[str, Any]], culprits: Collection[int
         parts.append(_stack_html("stack, innermost first", row.get("stack")))
         parts += [_child_html(child) for child in row.get("children") or ()
                   if isinstance(child, Mapping)]
-        for title, key in (("NCCL log", "nccl_log"), ("output", "worker_log")):
+        for title, key in _LOGS:
             lines = [str(line) for line in row.get(key) or ()]
             if lines:
                 parts.append(f"<h3>{title}, last relevant lines</h3><pre>"
@@ -195,7 +200,7 @@ def _stack_html(title: str, stack: object) -> str:
                       for f in frames) + "</table>")
 
 
-def _child_html(child: Mapping[str, Any]) -> str:
+def _child_html(child: Child) -> str:
     """A child process the rank waits on (a DataLoader worker): its stack under its rank's."""
     worker = child.get("role") == "dataloader_worker"
     number = child.get("worker_id")
@@ -209,12 +214,13 @@ def _child_html(child: Mapping[str, Any]) -> str:
             or f"<h3>{esc(title)}</h3><p class=\"muted\">no stack: {esc(why)}</p>")
 
 
-def findings_html(rows: Sequence[Mapping[str, Any]]) -> str:
+def findings_html(rows: Sequence[RankRow]) -> str:
     """NCCL and log findings of every rank, each explanation once with the ranks it came from."""
     found: dict[tuple[str, str, str], tuple[list[int], str]] = {}
     for row in rows:
-        for key in ("nccl_findings", "worker_findings"):
-            for finding in row.get(key) or ():
+        for key in _FINDINGS:
+            findings: Sequence[LogFinding] = row.get(key) or ()
+            for finding in findings:
                 if not isinstance(finding, Mapping):
                     continue
                 what = (str(finding.get("category", "?")), str(finding.get("cause", "")),
@@ -247,7 +253,7 @@ def _timeline_legend() -> str:
             "<span>✕ exited</span><span>dashed: the last progress of any rank</span></p>")
 
 
-def _exit_text(row: Mapping[str, Any]) -> str:
+def _exit_text(row: RankRow | RankGroup) -> str:
     if row.get("state") != "EXITED":
         return ""
     code = row.get("exit_code")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 from urllib.parse import quote
 
 from watchdog.model import MAX_FULL_ROWS
@@ -15,6 +14,7 @@ from watchdog.report.groups import group_ranks
 from watchdog.report.incident_page import alike_groups, alike_table, group_table, verdict_html
 from watchdog.report.page import STATE_COLORS, document, esc, state_badge, state_color
 from watchdog.report.timeline import lanes_of, render_timeline
+from watchdog.schema import Frame, Incident, RankRow, Status, StatusJob
 from watchdog.text import clock, names_text, ranks_text
 
 REFRESH_S = 5
@@ -34,7 +34,7 @@ def nav(title: str = "") -> str:
     return f'<p class="muted"><a href="/">torch-hang-watchdog: jobs</a>{here}</p>'
 
 
-def jobs_page(status: Mapping[str, Any], incidents: Sequence[Mapping[str, Any]]) -> str:
+def jobs_page(status: Status, incidents: Sequence[Incident]) -> str:
     jobs = [j for j in status.get("jobs") or () if isinstance(j, Mapping)]
     parts = [nav(), "<h1>Jobs</h1>"]
     if not jobs:
@@ -49,7 +49,7 @@ def jobs_page(status: Mapping[str, Any], incidents: Sequence[Mapping[str, Any]])
     return document("torch-hang-watchdog: jobs", parts, refresh_s=REFRESH_S)
 
 
-def job_page(job: Mapping[str, Any], asked: str = "") -> str:
+def job_page(job: StatusJob, asked: str = "") -> str:
     """A job's state, its current verdict, its ranks as a grid coloured by state. A large job's
     other ranks come as groups of ranks alike, each linked to a page that lists its first ranks
     in full; `asked`: the ranks this page was asked to list in full (a form asks for more)."""
@@ -88,7 +88,7 @@ def _ranks_form(asked: str) -> str:
             'placeholder="90000-90100,5"></label> <button>list</button></form>')
 
 
-def rank_grid(rows: Sequence[Mapping[str, Any]], culprits: set[int]) -> str:
+def rank_grid(rows: Sequence[RankRow], culprits: set[int]) -> str:
     numbered = len(rows) <= NUMBERED_CELLS
     cells = []
     for row in sorted(rows, key=lambda r: int(r["rank"])):
@@ -121,17 +121,17 @@ def error_page(code: int, message: str) -> str:
     return document(f"{code}", [nav(), f"<h1>{code}</h1><p>{esc(message)}</p>"])
 
 
-def _with_stacks(rows: list[Mapping[str, Any]], verdict: object) -> list[Mapping[str, Any]]:
+def _with_stacks(rows: list[RankRow], verdict: Incident | None) -> list[RankRow]:
     """Live rows carry no stacks; the verdict's rows have the ones it was decided on."""
     if not isinstance(verdict, Mapping):
         return rows
-    stacks = {r.get("rank"): r.get("stack") for r in verdict.get("ranks") or ()
-              if isinstance(r, Mapping)}
+    stacks: dict[int, list[Frame]] = {r.get("rank"): r.get("stack") for r in verdict.get("ranks")
+                                      or () if isinstance(r, Mapping)}
     return [row if row.get("stack") or not stacks.get(row["rank"]) else
             {**row, "stack": stacks[row["rank"]]} for row in rows]
 
 
-def _job_row(job: Mapping[str, Any]) -> str:
+def _job_row(job: StatusJob) -> str:
     job_id = str(job.get("job_id", "?"))
     verdict = job.get("verdict")
     summary = (f"<b>{esc(verdict.get('kind', '?'))}</b>: {esc(verdict.get('summary', ''))}"
@@ -148,7 +148,7 @@ def _job_row(job: Mapping[str, Any]) -> str:
             f"<td>{by_state}</td><td class=\"verdict-cell\">{summary}</td></tr>")
 
 
-def _incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
+def _incident_list(incidents: Sequence[Incident]) -> str:
     if not incidents:
         return '<p class="muted">none stored</p>'
     rows = []

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any
 
+from watchdog import schema
 from watchdog.frames import FrameKey, frame_key, python_frames
 from watchdog.model import Frame
 from watchdog.report.page import esc
@@ -32,7 +32,7 @@ class StackNode:
     children: dict[FrameKey, StackNode] = field(default_factory=dict)
 
 
-def frames_of(row: Mapping[str, Any]) -> tuple[Frame, ...]:
+def frames_of(row: schema.RankRow | schema.RankGroup) -> tuple[Frame, ...]:
     """A rank row's stack as frames, innermost first, native frames left out."""
     frames = tuple(Frame(str(f.get("function", "?")), str(f.get("file", "?")), _line(f))
                    for f in row.get("stack") or () if isinstance(f, Mapping))
@@ -150,6 +150,6 @@ def _side_order(ranks: Sequence[int], culprits: set[int]) -> tuple[bool, int, in
     return not culprits.intersection(ranks), len(ranks), ranks[0]
 
 
-def _line(frame: Mapping[str, Any]) -> int:
+def _line(frame: schema.Frame) -> int:
     line = frame.get("line")
     return line if isinstance(line, int) else 0

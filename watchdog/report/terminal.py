@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Collection, Sequence
+from typing import Literal, TextIO
 
 from watchdog.model import RankStatus, Severity
+from watchdog.schema import (
+    ExitReason,
+    Incident,
+    LastCollective,
+    LogFinding,
+    RankGroup,
+    RankRow,
+    Status,
+    StatusJob,
+)
 from watchdog.text import clock, names_text, printable_tree, ranks_text
 
 _RESET = "\033[0m"
 _BOLD = "\033[1m"
 _CAUTION = "\033[33m"
-_STATE_COLORS = {
+_STATE_COLORS: dict[str, str] = {
     RankStatus.RUNNING: "\033[32m",
     RankStatus.FINISHED: "\033[32m",
     RankStatus.WAITING: _CAUTION,
@@ -28,6 +38,10 @@ _ALARM = "\033[31m"  # every other state
 _COLUMNS = ("RANK", "HOST", "PID", "STATE", "STEP", "LAST COLLECTIVE", "HEARTBEAT")
 _CULPRIT_MARK = "*"
 MAX_RUNS = 4  # of a group's rank ranges, shown in its line
+# A culprit's log lines, and what `watchdog explain` found in them.
+_LOGS: tuple[tuple[str, Literal["nccl_log", "worker_log"],
+                   Literal["nccl_findings", "worker_findings"]], ...] = (
+    ("NCCL log", "nccl_log", "nccl_findings"), ("output", "worker_log", "worker_findings"))
 
 
 def use_color(stream: TextIO) -> bool:
@@ -35,7 +49,7 @@ def use_color(stream: TextIO) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
 
-def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
+def render_incident(incident: Incident, color: bool = False) -> str:
     """The incident as `watchdog run` prints it: verdict, rank table, stacks."""
     incident = printable_tree(incident)
     culprits = incident["culprit_ranks"]
@@ -72,7 +86,7 @@ def render_incident(incident: Mapping[str, Any], color: bool = False) -> str:
     return "\n".join(lines)
 
 
-def render_status(status: Mapping[str, Any], color: bool = False) -> str:
+def render_status(status: Status, color: bool = False) -> str:
     """`watchdog status`: every job with its ranks and, where one exists, its verdict."""
     jobs = printable_tree(status["jobs"])
     if not jobs:
@@ -80,7 +94,7 @@ def render_status(status: Mapping[str, Any], color: bool = False) -> str:
     return "\n\n".join(_render_job(job, color) for job in jobs)
 
 
-def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
+def render_incident_list(incidents: Sequence[Incident]) -> str:
     """`watchdog incidents list`: a header, then one line per incident, newest first as given,
     in columns."""
     if not incidents:
@@ -93,7 +107,7 @@ def render_incident_list(incidents: Sequence[Mapping[str, Any]]) -> str:
                                 row[4]]) for row in rows)
 
 
-def _kind_cell(incident: Mapping[str, Any]) -> str:
+def _kind_cell(incident: Incident) -> str:
     """'MISSING_RANKS', or 'MISSING_RANKS (resumed after 14 s)' for a hang the job
     contradicted: the list shows the watchdog's false alarms."""
     resumed = incident.get("resumed_at")
@@ -103,23 +117,25 @@ def _kind_cell(incident: Mapping[str, Any]) -> str:
 
 
 def rank_table(
-    rows: Sequence[Mapping[str, Any]], culprits: Collection[int] = (), color: bool = False,
-    groups: Sequence[Mapping[str, Any]] = (),
+    rows: Sequence[RankRow], culprits: Collection[int] = (), color: bool = False,
+    groups: Sequence[RankGroup] = (),
 ) -> str:
     """A fixed-width table, one line per rank listed in full (culprits marked with '*'), then
     one per group of ranks alike (a large job's `rank_groups`)."""
-    rows = [*printable_tree(rows), *(_group_row(group) for group in printable_tree(groups))]
-    cells = [_row_cells(row, row["rank"] in culprits) for row in rows]
-    widths = [max(len(line[i]) for line in [list(_COLUMNS), *cells]) for i in range(len(_COLUMNS))]
+    table = [(row["state"], _row_cells(row, row["rank"] in culprits))
+             for row in printable_tree(rows)]
+    table += [(group["state"], _group_cells(group)) for group in printable_tree(groups)]
+    widths = [max(len(line[i]) for line in [list(_COLUMNS), *(c for _, c in table)])
+              for i in range(len(_COLUMNS))]
     lines = ["  ".join(title.ljust(w) for title, w in zip(_COLUMNS, widths, strict=True)).rstrip()]
-    for row, line in zip(rows, cells, strict=True):
+    for state, line in table:
         padded = [cell.ljust(w) for cell, w in zip(line, widths, strict=True)]
-        padded[3] = _paint(padded[3], _STATE_COLORS.get(row["state"], _ALARM), color)
+        padded[3] = _paint(padded[3], _STATE_COLORS.get(state, _ALARM), color)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
 
 
-def _render_job(job: Mapping[str, Any], color: bool) -> str:
+def _render_job(job: StatusJob, color: bool) -> str:
     header = (f"job {job['job_id']}  {job['state']}  world size {job['world_size']}  nodes "
               f"{names_text(job['nodes'])}")
     verdict = job["verdict"]
@@ -138,35 +154,40 @@ def _render_job(job: Mapping[str, Any], color: bool) -> str:
     return "\n".join(lines)
 
 
-def _group_row(group: Mapping[str, Any]) -> dict[str, Any]:
-    """A group of ranks alike as a row of the table: its ranges where the rank goes."""
+def _group_cells(group: RankGroup) -> list[str]:
+    """A group of ranks alike as a line of the table: its ranges where the rank goes."""
     runs = [f"{a}-{b}" if b > a else str(a) for a, b in group["ranks"][:MAX_RUNS]]
     more = f",... ({group['count']} ranks)" if len(group["ranks"]) > MAX_RUNS else (
         f" ({group['count']})")
     hosts = group["hosts"]
-    return {**group, "rank": ",".join(runs) + more,
-            "host": f"{hosts} host{'' if hosts == 1 else 's'}", "pid": "-", "heartbeat_age": None}
+    return _cells(f" {','.join(runs)}{more}", f"{hosts} host{'' if hosts == 1 else 's'}", "-",
+                  _state_cell(group["state"], group["exit_code"], None), group["step"],
+                  group.get("setup"), group["last_collective"], None)
 
 
-def _row_cells(row: Mapping[str, Any], culprit: bool) -> list[str]:
-    age = row["heartbeat_age"]
-    state = row["state"]
+def _row_cells(row: RankRow, culprit: bool) -> list[str]:
+    return _cells(f"{_CULPRIT_MARK if culprit else ' '}{row['rank']}", row["host"],
+                  str(row["pid"]), _state_cell(row["state"], row["exit_code"],
+                                               row.get("exit_reason")),
+                  row["step"], row.get("setup"), row["last_collective"], row["heartbeat_age"])
+
+
+def _state_cell(state: str, code: int | None, reason: ExitReason | None) -> str:
+    """'EXITED (1)', 'EXITED (SIGKILL)': how an exited rank ended."""
     if state == RankStatus.EXITED:
-        killed = (row.get("exit_reason") or {}).get("signal", "killed")
-        state += f" ({killed})" if row["exit_code"] is None else f" ({row['exit_code']})"
-    return [
-        f"{_CULPRIT_MARK if culprit else ' '}{row['rank']}",
-        row["host"],
-        str(row["pid"]),
-        state,
-        str(row["step"]),
-        f"{row['setup']} (waiting)" if row.get("setup") else _collective_cell(
-            row["last_collective"]),
-        "-" if age is None else f"{age:.1f}s",
-    ]
+        killed = (reason or {}).get("signal", "killed")
+        state += f" ({killed})" if code is None else f" ({code})"
+    return state
 
 
-def _collective_cell(last: Mapping[str, Any] | None) -> str:
+def _cells(rank: str, host: str, pid: str, state: str, step: int, setup: str | None,
+           last: LastCollective | None, age: float | None) -> list[str]:
+    return [rank, host, pid, state, str(step),
+            f"{setup} (waiting)" if setup else _collective_cell(last),
+            "-" if age is None else f"{age:.1f}s"]
+
+
+def _collective_cell(last: LastCollective | None) -> str:
     """'all_reduce #57 g0 (pending)'."""
     if last is None:
         return "-"
@@ -174,7 +195,7 @@ def _collective_cell(last: Mapping[str, Any] | None) -> str:
     return f"{last['op']} #{last['seq']} g{last['group']} ({done})"
 
 
-def _culprit_evidence(row: Mapping[str, Any]) -> list[str]:
+def _culprit_evidence(row: RankRow) -> list[str]:
     lines = []
     raised = (row.get("exit_reason") or {}).get("exception")
     if raised:
@@ -183,12 +204,12 @@ def _culprit_evidence(row: Mapping[str, Any]) -> list[str]:
     if row["stack"]:
         lines += ["", f"rank {row['rank']} stack, innermost first:"]
         lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in row["stack"]]
-    for source, log, findings in (("NCCL log", "nccl_log", "nccl_findings"),
-                                  ("output", "worker_log", "worker_findings")):
+    for source, log, findings in _LOGS:
         if row.get(log):
             lines += ["", f"rank {row['rank']} {source}, last relevant lines:"]
             lines += [f"  {line}" for line in row[log]]
-        for finding in row.get(findings, ()):
+        found: Sequence[LogFinding] = row.get(findings, ())
+        for finding in found:
             lines += ["", f"  {finding['category']}: {finding['cause']}",
                       f"  fix: {finding['fix']}"]
     return lines

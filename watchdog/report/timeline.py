@@ -12,10 +12,11 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeGuard
 
-from watchdog.report.groups import RankGroup
+from watchdog.report.groups import RowGroup
 from watchdog.report.page import esc, state_color
+from watchdog.schema import Timeline
 from watchdog.text import clock
 
 MAX_WINDOW_S = 600.0  # older events are drawn at the left edge, their time in the tooltip
@@ -25,6 +26,7 @@ WIDTH, LABEL_W, PLOT_L, PLOT_R, NOW_X = 1100, 170, 180, 790, 802
 TOP, LANE_H = 34, 30
 END_LABEL_W = 110
 _TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600)
+NO_TIMELINE: Timeline = {"last_event_at": None, "exited_at": None, "collectives": []}
 
 
 @dataclass
@@ -50,7 +52,7 @@ class LaneCollective:
 
 @dataclass
 class Lane:
-    group: RankGroup
+    group: RowGroup
     last_event: Span | None
     exited: Span | None
     collectives: list[LaneCollective] = field(default_factory=list)
@@ -61,14 +63,14 @@ class Lane:
         return [s.low for s in spans if s is not None]
 
 
-def lanes_of(groups: Sequence[RankGroup]) -> list[Lane]:
+def lanes_of(groups: Sequence[RowGroup]) -> list[Lane]:
     return [_lane(group) for group in groups]
 
 
-def _lane(group: RankGroup) -> Lane:
-    timelines = [row.get("timeline") or {} for row in group.rows]
-    events = [t["last_event_at"] for t in timelines if _number(t.get("last_event_at"))]
-    exits = [t["exited_at"] for t in timelines if _number(t.get("exited_at"))]
+def _lane(group: RowGroup) -> Lane:
+    timelines = [row.get("timeline") or NO_TIMELINE for row in group.rows]
+    events = [at for t in timelines if _number(at := t.get("last_event_at"))]
+    exits = [at for t in timelines if _number(at := t.get("exited_at"))]
     by_group: dict[str, Counter[tuple[str, int, bool]]] = {}
     entered: dict[tuple[str, str, int, bool], list[float]] = {}
     for timeline in timelines:
@@ -204,7 +206,7 @@ def _now(lane: Lane) -> str:
         verb = "in" if not last.get("completed") else "after"
         where = f" {verb} {last.get('op')} #{last.get('seq')} (g{last.get('group')})"
     step = row.get("step")
-    varies = "+" if lane.group.varies("step") else ""
+    varies = "+" if lane.group.steps_vary else ""
     steps = f" · step {step}{varies}" if step is not None else ""
     return f"{state}{where}{steps}"
 
@@ -213,10 +215,10 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
         and value > 0
 
 
-def _int(value: Any) -> int:
+def _int(value: object) -> int:
     return value if isinstance(value, int) else 0

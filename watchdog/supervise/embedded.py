@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from agent import procfs
 from agent.daemon import Agent
@@ -30,13 +30,14 @@ from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
 from watchdog.atomic import write_atomically
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy, is_hang
+from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
 from watchdog.model import Kind
 from watchdog.report import write_html
 from watchdog.report.terminal import render_incident
+from watchdog.schema import Incident, is_hang
 from watchdog.supervise.framing import Ended, RunEnd, ended_text, ending_text, next_steps_text
 from watchdog.supervise.inject import cannot_run, check_command, hook_env, new_job_id
 from watchdog.supervise.runs_dir import claim_run_socket, own_runtime_dir
@@ -71,7 +72,7 @@ class RunOptions:
     framed: bool = False  # say what to do after a hang, and how the run ended (`watchdog run`)
 
 
-def write_report(path: str, incident: dict[str, Any]) -> None:
+def write_report(path: str, incident: Incident) -> None:
     write_atomically(path, json.dumps(incident, indent=2) + "\n")
 
 
@@ -82,7 +83,7 @@ class _Run:
         self.out = out
         self.agent = agent
         self.coordinator = coordinator
-        self.incidents: list[dict[str, Any]] = []
+        self.incidents: list[Incident] = []
         self.kill = asyncio.Event()  # --on-hang kill: end the job
         self.reported = False  # the first hang went to --report and --report-html
         self.advised = False  # what to do next was said (--on-hang report)
@@ -97,7 +98,7 @@ class _Run:
         for job_id in list(self.coordinator.jobs):
             self.coordinator.let_go(job_id)
 
-    def on_incident(self, incident: dict[str, Any]) -> None:
+    def on_incident(self, incident: Incident) -> None:
         """Every incident is printed once; only a hang (RANK_EXITED included) is the report,
         and only a hang ends the job (`kill`) or the attempt that hung (`restart`): a rank's
         exit is the launcher's to handle, acted on only if its peers still wait
@@ -121,7 +122,7 @@ class _Run:
         the job is hung, and --on-hang acts as on a hang."""
         self._act(still.incident, still)
 
-    def _act(self, incident: Mapping[str, Any], still: StillHung | None = None) -> None:
+    def _act(self, incident: Incident, still: StillHung | None = None) -> None:
         """What --on-hang does for a hang, or for an exit whose peers `still` wait."""
         if self.options.on_hang == "report":
             if self.options.framed and not self.advised:
@@ -144,14 +145,14 @@ class _Run:
         """What --on-hang kill ended the job for, if it did."""
         return next((e for e in self.ended if e.action == "kill"), None)
 
-    def on_ended(self, incident: dict[str, Any], lasted: float) -> None:
+    def on_ended(self, incident: Incident, lasted: float) -> None:
         """A notice ended, or a hang the job contradicted: said, and counted as it now is."""
         self.incidents = [incident if seen["id"] == incident["id"] else seen
                           for seen in self.incidents]
         self.out.write(moved_on_text(incident, lasted) + "\n")
         self.out.flush()
 
-    def _write_html(self, path: str, incident: dict[str, Any]) -> None:
+    def _write_html(self, path: str, incident: Incident) -> None:
         """The page is a convenience: printing the incident and --on-hang never wait on it."""
         try:
             write_html(path, incident)
@@ -174,7 +175,7 @@ class _Run:
 
 
 async def run_job(options: RunOptions, out: TextIO = sys.stderr,
-                  incidents: list[dict[str, Any]] | None = None) -> int:
+                  incidents: list[Incident] | None = None) -> int:
     """Run the job under watch; the job's exit code, or 3 when a hang (or the time limit) made
     us end it. Every incident is printed, and appended to `incidents` where given."""
     cmd = check_command(options.cmd)

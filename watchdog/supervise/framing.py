@@ -13,15 +13,14 @@ watched; a job that failed with no incident is pointed at its own output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from watchdog.coordinator.after_exit import StillHung
-from watchdog.coordinator.jobs import is_hang
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.errors import ExitCode
 from watchdog.model import Kind
+from watchdog.schema import ExitReason, Incident, is_hang
 from watchdog.text import printable, ranks_text
 
 NOT_WATCHED = ("a process reports once it is a torch.distributed rank (torchrun's RANK, or "
@@ -37,7 +36,7 @@ class Ended:
     what: a hang `incident`, or an exit `incident` whose peers still waited (`still`)."""
 
     action: str
-    incident: Mapping[str, Any]
+    incident: Incident
     still: StillHung | None = None
 
 
@@ -47,7 +46,7 @@ class RunEnd:
 
     code: int  # what `watchdog run` exits with
     lasted: float  # seconds the job ran
-    incidents: Sequence[Mapping[str, Any]]  # every incident printed during the run
+    incidents: Sequence[Incident]  # every incident printed during the run
     db_path: str
     watched: bool  # some rank of the job reported
     distributed: bool = False  # ...and got as far as torch.distributed
@@ -64,7 +63,7 @@ def threshold_text(policy: StallPolicy) -> str:
             f"longer; up to {policy.warmup:g} s at start-up)")
 
 
-def next_steps_text(incident: Mapping[str, Any], db_path: str,
+def next_steps_text(incident: Incident, db_path: str,
                     still: StillHung | None = None) -> str:
     """After a hang that `--on-hang report` leaves running (or an exit whose peers `still`
     wait): where it is and what to do."""
@@ -153,25 +152,24 @@ def _attempt_text(end: RunEnd, attempt: int) -> str:
     return f"attempt {attempt} hung ({said})"
 
 
-def _exit_words(incident: Mapping[str, Any]) -> str:
+def _exit_words(incident: Incident) -> str:
     """'rank 2 raised OSError', 'rank 1 was killed by SIGKILL', 'rank 3 exited with code 0':
     how the first culprit of an exit incident ended."""
     culprits = incident["culprit_ranks"]
-    row: Mapping[str, Any] = next(
-        (r for r in incident["ranks"] if r["rank"] == culprits[0]), {})
-    reason = row.get("exit_reason") or {}
+    row = next((r for r in incident["ranks"] if r["rank"] == culprits[0]), None)
+    reason: ExitReason = (row.get("exit_reason") if row else None) or {}
     if "exception" in reason:
         how = f"raised {reason['exception']['type']}"
     elif "signal" in reason:
         how = f"{'were' if len(culprits) > 1 else 'was'} killed by {reason['signal']}"
-    elif row.get("exit_code") is not None:
+    elif row is not None and row.get("exit_code") is not None:
         how = f"exited with code {row['exit_code']}"
     else:
         how = "exited"
     return printable(f"{ranks_text(culprits)} {how}")
 
 
-def _incidents_text(incidents: Sequence[Mapping[str, Any]], db_path: str) -> str:
+def _incidents_text(incidents: Sequence[Incident], db_path: str) -> str:
     if not incidents:
         return "no incident"
     exits = sum(1 for incident in incidents if incident["kind"] == Kind.RANK_EXITED)

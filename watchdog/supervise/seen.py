@@ -17,12 +17,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from agent import procfs
 from watchdog import env as _env
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.stall import StallPolicy
+from watchdog.schema import Incident
 from watchdog.supervise.framing import threshold_text
 from watchdog.supervise.inject import BOOT_DIR
 from watchdog.text import printable, ranks_text
@@ -99,7 +100,7 @@ def watching_text(seen: Sighting) -> str:
             f"{seen.world_size} ranks report")
 
 
-def moved_on_text(incident: Mapping[str, Any], lasted: float) -> str:
+def moved_on_text(incident: Incident, lasted: float) -> str:
     """'rank 0 moved on after 41 s (RANK_BUSY notice 3f2a...)': a notice's rank went on; or the
     job went on after a hang verdict, which it thereby contradicted."""
     ident, kind = printable(incident["id"]), printable(incident["kind"])

@@ -24,6 +24,7 @@ from watchdog.model import EVERY_JOB, MAX_FULL_ROWS, StatusQuery
 from watchdog.report import error_page, incident_html, job_page, jobs_page, login_page
 from watchdog.report.job_pages import nav
 from watchdog.report.page import CSP
+from watchdog.schema import Incident, Status
 from watchdog.text import parse_ranks
 from watchdog.web.access import WebAuth
 
@@ -47,11 +48,11 @@ _HEADERS = {
 class WebSource(Protocol):
     """What the pages show: the coordinator's status and its stored incidents."""
 
-    def status(self, query: StatusQuery = EVERY_JOB) -> dict[str, Any]: ...
+    def status(self, query: StatusQuery = EVERY_JOB) -> Status: ...
 
-    def incident(self, incident_id: str) -> dict[str, Any] | None: ...
+    def incident(self, incident_id: str) -> Incident | None: ...
 
-    def incidents(self, limit: int) -> list[dict[str, Any]]: ...
+    def incidents(self, limit: int) -> list[Incident]: ...
 
 
 class PageError(Exception):
@@ -231,7 +232,7 @@ def _asked_ranks(spec: str) -> tuple[int, ...]:
         raise PageError(400, f"ranks={spec[:80]}: {e}") from None
 
 
-def _status(source: WebSource, query: StatusQuery = EVERY_JOB) -> dict[str, Any]:
+def _status(source: WebSource, query: StatusQuery = EVERY_JOB) -> Status:
     try:
         return source.status(query)
     except TimeoutError:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from typing import Any
 
 from watchdog.coordinator import Coordinator, IncidentStore
 from watchdog.model import EVERY_JOB, StatusQuery
+from watchdog.schema import Incident, Status
 
 STATUS_TIMEOUT_S = 10.0
 
@@ -23,7 +23,7 @@ class CoordinatorSource:
         self._loop = loop
         self._db_path = db_path
 
-    def status(self, query: StatusQuery = EVERY_JOB) -> dict[str, Any]:
+    def status(self, query: StatusQuery = EVERY_JOB) -> Status:
         """Called from a web view thread; TimeoutError when the loop is too busy to answer."""
         future = asyncio.run_coroutine_threadsafe(self._status_json(query), self._loop)
         try:
@@ -31,21 +31,22 @@ class CoordinatorSource:
         except concurrent.futures.TimeoutError:  # not the builtin one before Python 3.11
             future.cancel()
             raise TimeoutError("the coordinator's event loop did not answer") from None
-        status: dict[str, Any] = json.loads(text)
+        status: Status = json.loads(text)
         return status
 
     async def _status_json(self, query: StatusQuery) -> str:
         return self._coordinator.status_json(query)
 
-    def incident(self, incident_id: str) -> dict[str, Any] | None:
+    def incident(self, incident_id: str) -> Incident | None:
         store = IncidentStore(self._db_path)
         try:
             body = store.get_json(incident_id)
         finally:
             store.close()
-        return None if body is None else dict(json.loads(body))
+        incident: Incident | None = None if body is None else json.loads(body)
+        return incident
 
-    def incidents(self, limit: int) -> list[dict[str, Any]]:
+    def incidents(self, limit: int) -> list[Incident]:
         store = IncidentStore(self._db_path)
         try:
             return [json.loads(body) for body in store.list_json(limit)]
