@@ -1,6 +1,6 @@
 """Records shaped like those of a 4-rank gloo DDP job (watchdog/demo/train.py), built by the
 unit tests of the coordinator: rank states, their collectives, py-spy stacks, job snapshots,
-job views and an incident.
+job views, their judgements and an incident.
 
 Each DDP forward enters an "all_reduce" on group "0" that completes at the optimizer step, so at
 step 56 the world group stands at #56 completed, and a rank inside step 57 has #57 pending.
@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 
 from watchdog.coordinator import evidence as _evidence
+from watchdog.coordinator.actions import Look
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.judgement import Judgement
+from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.verdict import decide
 from watchdog.model import (
@@ -33,6 +36,7 @@ from watchdog.model import (
     RankStack,
     RankState,
 )
+from watchdog.schema import Incident
 
 T0 = 1764676800.0  # 2025-12-02 12:00:00 UTC
 JOB = "torchrun-4f2a"
@@ -245,6 +249,19 @@ def view(*states: RankState, policy: StallPolicy = POLICY) -> JobView:
 
 def joined(number: int, **changes: object) -> RankState:
     return rank(number, done(56, 2.0), **changes)
+
+
+def judgement(job_id: str = "job") -> Judgement:
+    """A job's judgement, before anything was decided; every node heard from."""
+    return Judgement(job_id, NodeSilence(tick=0.25))
+
+
+def told(judged: Judgement, job: JobView, incident: Incident) -> Judgement:
+    """`judged` after a look that told `incident`, as the coordinator tells one."""
+    judged.apply(Look(samples=1, early=False, unreachable=(), first=False, reason="a test's"))
+    judged.told(incident, job.events_total(), job.exits)
+    judged.looked()
+    return judged
 
 
 # -- an incident ----------------------------------------------------------------------------

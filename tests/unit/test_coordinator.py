@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
+from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank, told
 from watchdog import metrics
 from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
 from watchdog.coordinator import settle as settling
@@ -89,7 +89,7 @@ def test_a_stalled_job_is_diagnosed_once_its_threshold_passed(tmp_path: Path) ->
         return [await judge(T0), await judge(T0 + 4.9), await judge(T0 + 5.1)]
 
     assert asyncio.run(scenario()) == [0, 0, 1]
-    incident = hub.jobs[stuck[0].job_id].incident
+    incident = hub.judgements[stuck[0].job_id].incident
     assert incident is not None and incident["culprit_ranks"] == [1]
 
 
@@ -124,21 +124,20 @@ def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: 
     async def scenario() -> None:
         hub.ingest(report("node-a", *busy), T0)
         hub.evaluate_all(T0)
-        job = hub.jobs[JOB]
-        job.told(notice)  # said at T0 + 12
+        judged = told(hub.judgements[JOB], hub.jobs[JOB], notice)  # said at T0 + 12
         await asyncio.gather(*hub.evaluate_all(T0 + 20.0))
-        assert ended == [] and job.incident_open  # still busy
+        assert ended == [] and judged.open  # still busy
         moved = [dataclasses.replace(s, events=s.events + 1) for s in busy]
         hub.ingest(report("node-a", *moved), T0 + 30.0)
         await asyncio.gather(*hub.evaluate_all(T0 + 30.0))
         await hub.saver.close()
 
     asyncio.run(scenario())
-    ((told, lasted),) = ended
-    assert told == {**notice, "ended_at": T0 + 30.0} and lasted == 30.0
-    assert hub.jobs[JOB].incident == told and not hub.jobs[JOB].incident_open
+    ((said, lasted),) = ended
+    assert said == {**notice, "ended_at": T0 + 30.0} and lasted == 30.0
+    assert hub.judgements[JOB].incident == said and not hub.judgements[JOB].open
     (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == told  # the same row, its text replaced
+    assert json.loads(text) == said  # the same row, its text replaced
 
 
 def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
@@ -158,21 +157,20 @@ def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
     async def scenario() -> None:
         hub.ingest(report("node-a", *stuck), T0)
         hub.evaluate_all(T0)
-        hub.jobs[JOB].told(hang)
-        hub.jobs[JOB].hung_before = True
+        told(hub.judgements[JOB], hub.jobs[JOB], hang)
         moved = [dataclasses.replace(s, events=s.events + 1) for s in stuck]
         hub.ingest(report("node-a", *moved), T0 + 9)
         await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
         await hub.saver.close()
 
     asyncio.run(scenario())
-    ((told, lasted),) = ended
-    assert told == {**hang, "resumed_at": T0 + 9.0} and lasted == 9.0
+    ((said, lasted),) = ended
+    assert said == {**hang, "resumed_at": T0 + 9.0} and lasted == 9.0
     (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == told
+    assert json.loads(text) == said
     assert metrics.VERDICTS_RESUMED._value.get() == before + 1
-    job = hub.jobs[JOB]
-    assert job.incident == told and not job.hung and not job.hung_before
+    judged = hub.judgements[JOB]
+    assert judged.incident == said and not judged.hung and not judged.hung_before
 
 
 def test_a_hang_let_go_or_an_exit_is_never_marked_resumed(tmp_path: Path) -> None:
@@ -188,8 +186,9 @@ def test_a_hang_let_go_or_an_exit_is_never_marked_resumed(tmp_path: Path) -> Non
                            kind: str = kind, let_go: bool = let_go) -> None:
             hub.ingest(report("node-a", *stuck), T0)
             hub.evaluate_all(T0)
-            hub.jobs[JOB].told({"id": "h1", "job_id": JOB, "detected_at": T0 + 6.0,
-                                "kind": kind, "severity": "hang", "culprit_ranks": [1]})
+            told(hub.judgements[JOB], hub.jobs[JOB],
+                 {"id": "h1", "job_id": JOB, "detected_at": T0 + 6.0, "kind": kind,
+                  "severity": "hang", "culprit_ranks": [1]})
             if let_go:
                 hub.let_go(JOB)
             moved = [dataclasses.replace(s, events=s.events + 1) for s in stuck]
@@ -197,23 +196,23 @@ def test_a_hang_let_go_or_an_exit_is_never_marked_resumed(tmp_path: Path) -> Non
             await asyncio.gather(*hub.evaluate_all(T0 + 9.0))
 
         asyncio.run(scenario())
-        assert ended == [] and "resumed_at" not in (hub.jobs[JOB].incident or {}), kind
+        assert ended == [] and "resumed_at" not in (hub.judgements[JOB].incident or {}), kind
 
 
 def test_a_job_let_go_after_its_hang_is_judged_no_more(tmp_path: Path) -> None:
     """`watchdog run --on-hang kill` ends the job: the rank its SIGKILL ends first is no
     RANK_EXITED, even once its peers' shutdown moved the job's count."""
     hub = coordinator(tmp_path, fixed=5.0)
-    told: list[dict[str, Any]] = []
-    hub.listeners.append(told.append)
+    heard: list[dict[str, Any]] = []
+    hub.listeners.append(heard.append)
     stuck = [rank(1, done(56, 2.0)), *(rank(r, entered(57, 3.0)) for r in (0, 2, 3))]
 
     async def scenario() -> None:
         hub.ingest(report("node-a", *(dataclasses.replace(s, events=0) for s in stuck)), T0 - 1)
         hub.evaluate_all(T0 - 1)
-        job = hub.jobs[JOB]
-        job.told({"id": "h1", "detected_at": T0 + 6.0, "kind": "MISSING_RANKS",
-                  "severity": "hang", "culprit_ranks": [1]})
+        told(hub.judgements[JOB], hub.jobs[JOB],
+             {"id": "h1", "detected_at": T0 + 6.0, "kind": "MISSING_RANKS", "severity": "hang",
+              "culprit_ranks": [1]})
         hub.let_go(JOB)
         # SIGTERM: the ranks shut down (Lightning handles it) and move the count; 5 s later
         # the SIGKILL ends rank 1, the first to exit.
@@ -226,7 +225,7 @@ def test_a_job_let_go_after_its_hang_is_judged_no_more(tmp_path: Path) -> None:
         await hub.settled()
 
     asyncio.run(scenario())
-    assert told == []
+    assert heard == []
 
 
 def test_a_job_still_hung_after_an_exit_is_told_once_and_never_when_let_go(
@@ -244,16 +243,16 @@ def test_a_job_still_hung_after_an_exit_is_told_once_and_never_when_let_go(
     async def scenario(job_id: str, let_go: bool = False) -> None:
         hub.ingest(report("node-a", *(dataclasses.replace(r, job_id=job_id) for r in ranks)),
                    T0 + 5.0)
-        hub.jobs[job_id].told({**exit_incident, "job_id": job_id})
+        told(hub.judgements[job_id], hub.jobs[job_id], {**exit_incident, "job_id": job_id})
         if let_go:
             hub.let_go(job_id)
         for at in (5.0, 14.9, 15.1, 20.0):
             await asyncio.gather(*hub.evaluate_all(T0 + at))
 
     asyncio.run(scenario(JOB))
-    ((told,),) = [still]
-    assert told.incident["id"] == "e1" and told.waiting == (0, 1, 3)
-    assert round(told.waited, 1) == 10.1
+    ((said,),) = [still]
+    assert said.incident["id"] == "e1" and said.waiting == (0, 1, 3)
+    assert round(said.waited, 1) == 10.1
     asyncio.run(scenario("ended", let_go=True))
     assert len(still) == 1
 
@@ -262,8 +261,8 @@ def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> d
     """Rank 3 raised (node-a's report); `later` arrives from node-b 0.1 s after the coordinator
     began to judge it. The incident told, and within how long."""
     hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
-    told: list[dict[str, Any]] = []
-    hub.listeners.append(told.append)
+    heard: list[dict[str, Any]] = []
+    hub.listeners.append(heard.append)
 
     async def scenario() -> None:
         now = time.time()
@@ -277,8 +276,8 @@ def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> d
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(settling, "EXIT_SETTLE_S", settle)
         asyncio.run(scenario())
-    assert len(told) == 1
-    return told[0]
+    assert len(heard) == 1
+    return heard[0]
 
 
 def test_an_exit_that_raised_waits_for_the_peers_that_raised_alike(tmp_path: Path) -> None:

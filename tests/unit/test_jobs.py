@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.builders import POLICY, T0, done, joined, rank, view
+from tests.helpers.builders import POLICY, T0, done, joined, judgement, rank, view
 from watchdog.coordinator.jobs import WARM_EVENTS, JobView
 from watchdog.model import RankState
 
@@ -64,15 +64,15 @@ def test_declared_phase_grace_ends_with_the_phase_or_the_rank() -> None:
     assert job.phase_grace() == 0.0
 
 
-def test_an_exit_asks_for_judgement_and_the_last_exit_ends_the_job() -> None:
+def test_exits_are_counted_and_the_last_exit_ends_the_job() -> None:
     states = [joined(n) for n in range(4)]
     job = view(*states)
-    assert not job.needs_judgement(T0) and not job.done
+    assert (job.exits, job.live, job.everyone_left) == (0, 4, False)
     job.update("node-1", left(states[3]))
-    assert job.needs_judgement(T0) and not job.done
+    assert (job.exits, job.live, job.everyone_left) == (1, 3, False)
     for state in states[:3]:
         job.update("node-0", left(state))
-    assert job.done and job.state(T0) == "FINISHED"
+    assert job.everyone_left and judgement().job_state(job, T0) == "FINISHED"
 
 
 def test_events_total_counts_each_rank_once() -> None:
@@ -82,8 +82,9 @@ def test_events_total_counts_each_rank_once() -> None:
 
 
 def totals(job: JobView, now: float) -> tuple[object, ...]:
-    return (job.events_total(), job.world_size, job.warming, job.phase_grace(), job.done,
-            job.stacks_only, job.needs_judgement(now), job.state(now))
+    return (job.events_total(), job.world_size, job.warming, job.phase_grace(), job.exits,
+            job.everyone_left, job.partly_waiting, job.all_waiting, job.stacks_only,
+            job.stalled(now), judgement().job_state(job, now))
 
 
 STATES = st.builds(

@@ -16,11 +16,12 @@ from tests.helpers.builders import (
     done,
     entered,
     joining,
+    judgement,
     rank,
 )
 from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.judgement import early_verdict_stands
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.coordinator.startup import early_verdict_stands
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Activity, Frame, Kind, Pace, RankStack, RankState
 
@@ -229,19 +230,6 @@ LOADING = (Frame("load_pretrained", "/home/ml/train.py", 140), Frame("main", "/h
                                                                      249))
 
 
-def test_before_the_first_step_the_job_is_looked_at_once_the_floor_passes() -> None:
-    """...when some ranks wait in a collective or a set-up call and others do not, even under a
-    fixed --stall-timeout shorter than the floor."""
-    job = warming(*(joining(r) for r in range(3)), rank(3, steps=0, events=0))
-    assert job.warming
-    assert not job.early_look(T0 + POLICY.floor - 1)
-    assert job.early_look(T0 + POLICY.floor)
-    assert not job.stalled(T0 + POLICY.floor)
-    assert job.snapshot(T0 + POLICY.floor, early=True).stalled
-    assert not job.snapshot(T0 + POLICY.floor).stalled
-    assert job.stalled(T0 + POLICY.warmup) and not job.early_look(T0 + POLICY.warmup)
-
-
 def stacks(**frames: tuple[Frame, ...]) -> dict[int, RankStack]:
     return {int(r[1:]): RankStack(int(r[1:]), 4242, f) for r, f in frames.items()}
 
@@ -250,8 +238,8 @@ def early(*states: RankState, taken: dict[int, RankStack]) -> tuple[bool, Kind |
     """Whether the warming job is looked at once the floor passed, the verdict its stacks give,
     and whether that verdict stands before the warm-up ends."""
     job = warming(*states)
-    looked = job.early_look(T0 + POLICY.floor)
-    snapshot = dataclasses.replace(job.snapshot(T0 + POLICY.floor, taken), stalled=True)
+    looked = judgement().early_look(job, T0 + POLICY.floor)
+    snapshot = job.snapshot(T0 + POLICY.floor, taken, stalled=True)
     verdict = decide(snapshot)
     return (looked, None if verdict is None else verdict.kind,
             verdict is not None and early_verdict_stands(snapshot, verdict))
@@ -302,32 +290,3 @@ def test_an_exit_stands_at_any_time() -> None:
     gone = dataclasses.replace(rank(1, steps=0, events=0), exited_at=T0 + 1, exit_code=1,
                                proc_state="")
     assert early(rank(0, steps=0, events=0), gone, taken={})[1:] == (Kind.RANK_EXITED, True)
-
-
-def test_a_rank_that_exits_during_a_notices_hold_is_judged_at_once() -> None:
-    job = warming(*(rank(r, done(4, 0.0)) for r in range(4)))
-    job.hold(T0 + 10.0)  # a RANK_BUSY notice: looked at again in 10 s
-    assert job.held(T0 + 1.0)
-    job.update("node-1", dataclasses.replace(rank(3, done(4, 0.0)), exited_at=T0 + 1,
-                                             exit_code=3, clean_exit=True, proc_state=""))
-    assert not job.held(T0 + 1.0)
-
-
-def test_an_early_look_waits_for_the_floor_even_under_a_shorter_fixed_timeout() -> None:
-    job = JobView("job", StallPolicy(fixed=3.0))
-    for state in (*(joining(r) for r in range(3)), rank(3, steps=0, events=0)):
-        job.update("node-0", state, received=T0)
-    job.observe(T0)
-    assert not job.early_look(T0 + 3.0) and job.early_look(T0 + POLICY.floor)
-
-
-def test_ranks_that_exit_after_a_hang_was_told_do_not_reopen_it() -> None:
-    """`--on-hang kill` ends the ranks: their last states (one without its beacon, events 0)
-    are the hang's end, not progress after which their exits would be judged anew."""
-    job = warming(*(rank(r, entered(5, 0.0), events=40) for r in range(4)))
-    job.told({"id": "h", "kind": "MISSING_RANKS", "severity": "hang"})
-    for r in range(4):
-        job.update("node-0", dataclasses.replace(rank(r, entered(5, 0.0), events=0 if r else 41),
-                                                 exited_at=T0 + 1, proc_state=""))
-        job.observe(T0 + 1)
-        assert job.hung

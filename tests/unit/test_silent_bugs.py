@@ -244,5 +244,5 @@ def test_a_fault_in_the_findings_never_stops_hang_judgement(
 
     assert asyncio.run(judge(T0)) == 0
     assert asyncio.run(judge(T0 + 5.1)) == 1
-    incident = hub.jobs[JOB].incident
+    incident = hub.judgements[JOB].incident
     assert incident is not None and incident["kind"] == "MISSING_RANKS"

@@ -21,7 +21,8 @@ PERIOD_S = 1.0
 def sample(coordinator: Coordinator, now: float) -> None:
     """Jobs by state and ranks tracked, as of `now`."""
     jobs = list(coordinator.jobs.values())
-    states = collections.Counter(job.state(now) for job in jobs)
+    states = collections.Counter(coordinator.judgements[job.job_id].job_state(job, now)
+                                 for job in jobs)
     for state in JobState:
         metrics.JOBS.labels(state.value).set(states[state])
     metrics.RANKS.set(sum(len(job.ranks) for job in jobs))

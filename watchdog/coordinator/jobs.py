@@ -1,4 +1,7 @@
-"""The coordinator's view of one job, joined from every node's reports (coordinator process)."""
+"""The coordinator's view of one job, joined from every node's reports (coordinator process):
+its ranks' latest states, running totals of them, and the stall clock. What happened to the
+job's progress is returned (`observe`); what to make of it is the job's `Judgement`'s.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +11,11 @@ from watchdog.coordinator.evidence import in_open_phase, progress_sign
 from watchdog.coordinator.silent_bugs import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
 from watchdog.frames import python_frames
-from watchdog.model import (
-    Frame,
-    GroupProgress,
-    JobSnapshot,
-    JobState,
-    Kind,
-    RankStack,
-    RankState,
-)
-from watchdog.schema import Incident, is_hang
+from watchdog.model import Frame, GroupProgress, JobSnapshot, RankStack, RankState
 
 WARM_EVENTS = 8
 MAX_DUPLICATES = 1024
 PACED_STEPS = 3  # a hook's own gaps count once its rank finished this many steps
-LEARNED_MARGIN = 1.25  # a phase that ended by itself after S seconds is expected to take this x S
 # A quiet spell is looked at, to tell a phase from training, once the agents' activity rates
 # can fit inside it (a rank's rates run from its last progress once they span half a second:
 # agent/activity.py), and then at most once a second: a 2 s evaluation is a phase too, and any
@@ -32,6 +25,16 @@ PHASE_LOOK_EVERY_S = 1.0
 
 
 _NO_PART = (0, False, False, False, False)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one `JobView.observe` found: when the quiet spell it looked at began (the job's
+    last progress before it; the time of the look before any), and, where progress ended that
+    spell, how many seconds it lasted."""
+
+    quiet_since: float
+    resumed_after: float | None = None
 
 
 def _any_pending(groups: tuple[GroupProgress, ...]) -> bool:
@@ -47,28 +50,11 @@ class JobView:
     policy: StallPolicy
     ranks: dict[int, RankState] = field(default_factory=dict)
     nodes: dict[int, str] = field(default_factory=dict)
-    incident: Incident | None = None
-    incident_events: int = -1  # events total when the open incident fired
-    evaluating: bool = False
     # Stacks-only jobs (no hook) progress when their stacks change between two looks.
     stack_probe: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
     probe_progress: int = 0
-    hung_before: bool = False  # a hang incident was reported, now or earlier
-    # The watchdog ends the job on a hang (`watchdog run --on-hang kill`): what follows, its
-    # ranks' exits included, is that end, judged no more.
-    let_go: bool = False
-    # The current stall: not judged again before `hold_until` (`hold`); `busy` once ranks were seen
-    # working through it; `place` where its culprits were, to learn how long it lasts there.
-    hold_until: float = 0.0
-    busy: bool = False
-    place: str = ""
-    # Code places where a stall ended by itself, and how long it lasted at most.
-    learned: dict[str, float] = field(default_factory=dict)
     # Silent bugs: warnings in their own state, so they never hide a hang nor wait for one.
     findings: FindingTracker = field(default_factory=FindingTracker)
-    # Whether it was decided if the job is still hung after the exit its incident names
-    # (`after_exit`): told once, or never to be.
-    after_exit_decided: bool = False
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -94,8 +80,6 @@ class JobView:
         # when it was last looked at.
         self._phase_gap = False
         self._phase_looked = 0.0
-        self._held_exits = 0  # ranks exited when the current hold began
-        self._incident_exits = 0  # ...and when the open incident was told
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
@@ -165,14 +149,14 @@ class JobView:
 
     def stacks_moved(self, stacks: dict[int, RankStack]) -> bool:
         """Whether any rank's stack differs from the last look (the first look counts as a
-        move); a move is recorded as progress."""
-        probe = {rank: tuple(python_frames(stack.frames)) for rank, stack in stacks.items()}
-        if probe == self.stack_probe:
-            return False
-        self.stack_probe = probe
+        move): a job without a hook shows progress no other way."""
+        return _probe(stacks) != self.stack_probe
+
+    def moved_stacks(self, stacks: dict[int, RankStack]) -> None:
+        """Record stacks that moved (`stacks_moved`) as progress."""
+        self.stack_probe = _probe(stacks)
         self.probe_progress += 1
         self._undated = True
-        return True
 
     def phase_grace(self) -> float:
         """Extra patience beyond the stall threshold: the longest declared phase's timeout."""
@@ -196,8 +180,9 @@ class JobView:
             for r in self.ranks.values()))
         return self._started
 
-    def observe(self, now: float) -> None:
-        """The stall clock runs from the first report: a rank that never reaches
+    def observe(self, now: float) -> Progress:
+        """Bring the stall clock up to `now`, and say whether progress ended the quiet spell,
+        after how long. The clock runs from the first report: a rank that never reaches
         init_process_group, or never starts, stalls the job like any other. Start-up gets the
         warm-up grace, and each rank that starts is progress. A quiet spell that was a phase
         never enters the job's pace."""
@@ -209,18 +194,16 @@ class JobView:
         if self.tracker.observe(total, now, stamp, warm=not self._warming,
                                 phase=self._phase_gap):
             self._phase_gap = False
-            self._progress_resumed(quiet)
-        elif (not self._phase_gap and quiet >= PHASE_LOOK_AFTER_S
-              and now - self._phase_looked >= PHASE_LOOK_EVERY_S):
+            return Progress(now - quiet, resumed_after=quiet)
+        if (not self._phase_gap and quiet >= PHASE_LOOK_AFTER_S
+                and now - self._phase_looked >= PHASE_LOOK_EVERY_S):
             self._phase_looked = now
             self._phase_gap = self._quiet_is_phase(quiet)
-        # Progress resumed: the next stall is a new incident. Not once a rank exited after a
-        # hang was told: the job is ending (`--on-hang kill`'s own signals, say), and an exit's
-        # last beacon write, or a killed rank's state without one, moves the count too; the
-        # exits that hang caused are no new incident.
-        ending = self.hung and self._exited > self._incident_exits
-        if self.incident_open and total != self.incident_events and not ending:
-            self.incident_events = -1
+        return Progress(now - quiet)
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds since the job last progressed (0 before its first report)."""
+        return self.tracker.stalled_for(now)
 
     def _quiet_is_phase(self, quiet: float) -> bool:
         """Whether the job, quiet for `quiet` seconds, is in a phase rather than between two
@@ -245,49 +228,14 @@ class JobView:
             working = True
         return working
 
-    def _progress_resumed(self, lasted: float) -> None:
-        """A stall that ended by itself: how long it lasted where its culprits were is what the
-        next stall there may last (a checkpoint, an evaluation) before it is called anything."""
-        if self.place:
-            self.learned[self.place] = max(self.learned.get(self.place, 0.0), lasted)
-        self.hold_until, self.busy, self.place = 0.0, False, ""
-
-    def hold(self, until: float) -> None:
-        """Judge the current stall again only at `until`."""
-        self.hold_until, self._held_exits = until, self._exited
-
-    def held(self, now: float) -> bool:
-        """Whether the current stall waits for `hold`'s time; a rank that exited since never
-        does: an exit is judged at once, a notice's hold notwithstanding."""
-        return now < self.hold_until and self._exited == self._held_exits
-
-    def expected(self, place: str) -> float:
-        """How long a stall at `place` may last, from the stalls there that ended by themselves."""
-        return LEARNED_MARGIN * self.learned.get(place, 0.0)
-
-    def told(self, incident: Incident) -> None:
-        """`incident` was told (or found stored): it stays open until progress resumes."""
-        self.incident, self.incident_events = incident, self.events_total()
-        self._incident_exits = self._exited
-
-    @property
-    def incident_open(self) -> bool:
-        return self.incident is not None and self.incident_events >= 0
-
-    @property
-    def hung(self) -> bool:
-        """A hang incident is open: nothing more to judge until progress resumes."""
-        return self.incident is not None and self.incident_open and is_hang(self.incident)
-
-    @property
-    def done(self) -> bool:
-        """Every rank exited, or a rank exit was already diagnosed: nothing more to decide."""
-        exit_reported = self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED
-        return self.everyone_left or exit_reported
-
     @property
     def everyone_left(self) -> bool:
         return self.world_size <= len(self.ranks) == self._exited
+
+    @property
+    def exits(self) -> int:
+        """How many of the ranks reported have exited."""
+        return self._exited
 
     @property
     def live(self) -> int:
@@ -300,11 +248,6 @@ class JobView:
         its hook."""
         return 0 < self.live == self._waiting
 
-    def needs_judgement(self, now: float) -> bool:
-        """A rank left, or the job stalled (or is due an early look): only then is a full
-        snapshot worth building."""
-        return self._exited > 0 or self.stalled(now) or self.early_look(now)
-
     def threshold(self) -> float:
         """Seconds without progress after which the job counts as stalled."""
         return self.tracker.threshold(self.phase_grace(), self.hook_p99, self.warming)
@@ -316,21 +259,18 @@ class JobView:
     def stalled(self, now: float) -> bool:
         return self.tracker.is_stalled(now, self.phase_grace(), self.hook_p99, self.warming)
 
-    def early_look(self, now: float) -> bool:
-        """Held back by the warm-up grace, but quiet past the floor (or the threshold the pace
-        sets, if longer) while some ranks wait in a collective or a set-up call and others do
-        not: the job is looked at all the same, and judged only on evidence of a rank idle
-        while its peers wait (`startup.early_verdict_stands`). Start-up is judged on evidence,
-        not on the clock alone."""
-        if not 0 < self._waiting < self.live or not self.tracker.seen or self.stalled(now):
-            return False
-        return self.tracker.stalled_for(now) >= max(self.policy.floor, self.evidence_threshold())
+    @property
+    def partly_waiting(self) -> bool:
+        """Some live ranks wait in a collective or a set-up call by their hooks, and others do
+        not."""
+        return 0 < self._waiting < self.live
 
     def snapshot(self, now: float, stacks: dict[int, RankStack] | None = None,
-                 unreachable_nodes: tuple[str, ...] = (), early: bool = False) -> JobSnapshot:
-        """The job as of `now`; `early`: looked at early (see `early_look`), so judged as
-        stalled while that look is still due."""
-        stalled = self.stalled(now) or (early and self.early_look(now))
+                 unreachable_nodes: tuple[str, ...] = (),
+                 stalled: bool | None = None) -> JobSnapshot:
+        """The job as of `now`: `stalled` as its threshold says, unless a look says otherwise
+        (an early look judges it stalled)."""
+        stalled = self.stalled(now) if stalled is None else stalled
         return JobSnapshot(
             job_id=self.job_id, world_size=self.world_size, now=now,
             stalled_for=self.tracker.stalled_for(now), stalled=stalled,
@@ -340,12 +280,7 @@ class JobView:
             duplicates={rank: tuple(sorted({(self.ranks[rank].host, self.ranks[rank].pid), *more}))
                         for rank, more in self.duplicates.items()})
 
-    def state(self, now: float) -> JobState:
-        if self.ranks and self.everyone_left:
-            clean = all(r.clean_exit and r.exit_code == 0 for r in self.ranks.values())
-            return JobState.FINISHED if clean and not self.hung_before else JobState.FAILED
-        if self.incident is not None and self.incident["kind"] == Kind.RANK_EXITED:
-            return JobState.FAILED
-        if self.hung:
-            return JobState.HUNG
-        return JobState.STALLED if self.stalled(now) and not self.busy else JobState.RUNNING
+
+def _probe(stacks: dict[int, RankStack]) -> dict[int, tuple[Frame, ...]]:
+    """Each rank's Python frames, to compare with the next look's."""
+    return {rank: tuple(python_frames(stack.frames)) for rank, stack in stacks.items()}

@@ -7,6 +7,8 @@ would look unreachable at once. That time is excused.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 NODE_TIMEOUT_S = 15.0  # no report for this long: the node is unreachable
 SILENT_INTERVALS = 3  # no report for this many report intervals: judge nothing on stale data
 PAUSE_S = 2.0  # a turn of the coordinator's loop this much late: it heard nothing meanwhile
@@ -48,6 +50,18 @@ class NodeSilence:
         for node, seen in self._seen.items():
             self._seen[node] = min(now, seen + late)
         return late
+
+    def unreachable(self, nodes: Iterable[str], now: float) -> tuple[str, ...] | None:
+        """Which of `nodes` are unreachable, or None while one is silent but not unreachable
+        yet (a node that missed a few reports: its ranks' state is not known yet)."""
+        unreachable = []
+        for node in sorted(set(nodes)):
+            silent, lost = self.silence(node, now)
+            if silent and not lost:
+                return None
+            if lost:
+                unreachable.append(node)
+        return tuple(unreachable)
 
     def quiet_for(self, age: float, now: float) -> list[str]:
         """The nodes not heard from for more than `age` seconds."""

@@ -1,17 +1,17 @@
 """The coordinator (asyncio; its own process, or embedded in `watchdog run`).
 
-Joins node reports into jobs, watches each job for a stall or an early exit, asks the agents for
-stacks, decides the verdict, persists the incident, then tells its listeners. An incident is
-stored before anyone hears of it, so a crash after that loses nothing; when the database fails,
-it is told all the same and stored once the database works again (`persist`). A notice whose
-rank moved on is stored again with `ended_at`, and its end told to `ended_listeners`. Which
-agent may report which node and answer which request: `sessions`; which ranks a job trusts:
-`admission`. A diagnosis gathers stacks (`stack_requests`), waits a moment for the exits of
-the peers of a rank that raised (`settle`) and judges (`diagnosis`). An exit is the launcher's
-to handle; once per exit incident, a job still hung a threshold after the exit (`after_exit`)
-is logged and told to `still_hung_listeners` (`watchdog run` acts on it as on a hang).
-A job no report mentioned for `job_retention` seconds is forgotten: memory stays bounded however
-long the coordinator runs.
+Joins node reports into jobs (`jobs.JobView`), and each tick carries out what each job's
+`Judgement` decides: asks the agents for stacks (`stack_requests`), waits a moment for the exits
+of the peers of a rank that raised (`settle`), persists the incident, then tells its listeners.
+An incident is stored before anyone hears of it, so a crash after that loses nothing; when the
+database fails, it is told all the same and stored once the database works again (`persist`).
+A notice whose rank moved on, or a hang the job contradicted, is stored again with `ended_at` or
+`resumed_at`, and told to `ended_listeners`. An exit is the launcher's to handle; once per exit
+incident, a job still hung a threshold after the exit (`after_exit`) is logged and told to
+`still_hung_listeners` (`watchdog run` acts on it as on a hang). Which agent may report which
+node and answer which request: `sessions`; which ranks a job trusts: `admission`. A job no
+report mentioned for `job_retention` seconds is forgotten: memory stays bounded however long
+the coordinator runs.
 """
 
 from __future__ import annotations
@@ -25,12 +25,23 @@ import uuid
 from collections.abc import Callable, Collection
 
 from watchdog import metrics
+from watchdog.coordinator.actions import (
+    Action,
+    EndNotice,
+    Look,
+    MarkResumed,
+    Nothing,
+    SawProgress,
+    Tell,
+    TellStillHung,
+    Wait,
+)
 from watchdog.coordinator.admission import Admission
-from watchdog.coordinator.after_exit import AfterExit, StillHung, after_exit
-from watchdog.coordinator.diagnosis import RECHECK_S, late_but_alive, verdict_to_tell
+from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView
+from watchdog.coordinator.judgement import Judgement, Stage
 from watchdog.coordinator.node_silence import NodeSilence
 from watchdog.coordinator.persist import IncidentSaver
 from watchdog.coordinator.sessions import Sessions
@@ -38,23 +49,13 @@ from watchdog.coordinator.settle import settle_exits
 from watchdog.coordinator.stack_requests import StackRequests
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
-from watchdog.coordinator.verdict import decide
-from watchdog.model import (
-    FINDINGS,
-    JobSnapshot,
-    Kind,
-    NodeReport,
-    Severity,
-    StatusQuery,
-    Verdict,
-)
-from watchdog.schema import Incident, StatusJob, is_hang
+from watchdog.model import FINDINGS, JobSnapshot, Kind, NodeReport, StatusQuery, Verdict
+from watchdog.schema import Incident, StatusJob
 from watchdog.text import printable
 from watchdog.transport.rpc import AgentMessage, AgentSession
 
 log = logging.getLogger(__name__)
 
-STACK_SAMPLES = 3  # stacks of each rank when a job stalled: does its Python move?
 # How long an incident waits for the database, past its busy timeout, before it is told
 # anyway: a locked database has refused it by then and it is kept aside, so what is told
 # survives a SIGKILL; a filesystem that hangs delays the telling no longer than this.
@@ -69,6 +70,10 @@ IncidentListener = Callable[[Incident], None]
 EndedListener = Callable[[Incident, float], None]
 StillHungListener = Callable[[StillHung], None]
 JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
+# A tick carries out at most this many actions a job: each moves its judgement on (an incident
+# closed, an exit followed, a look begun), so it takes three at most; a refused move must not
+# spin the loop.
+MAX_ACTIONS = len(Stage)
 
 
 class Coordinator:
@@ -80,6 +85,7 @@ class Coordinator:
         self.tick = tick
         self.job_retention = job_retention
         self.jobs: dict[str, JobView] = {}
+        self.judgements: dict[str, Judgement] = {}
         self.listeners: list[IncidentListener] = []
         self.ended_listeners: list[EndedListener] = []
         self.still_hung_listeners: list[StillHungListener] = []
@@ -116,10 +122,10 @@ class Coordinator:
 
     def let_go(self, job_id: str) -> None:
         """The job is being ended on a hang's verdict: its ranks' exits, killed by that end,
-        are no new incident (`JobView.let_go`)."""
-        job = self.jobs.get(job_id)
-        if job is not None:
-            job.let_go = True
+        are no new incident (`Judgement.let_go`)."""
+        judgement = self.judgements.get(job_id)
+        if judgement is not None:
+            judgement.let_go()
 
     def status_json(self, query: StatusQuery) -> str:
         now = time.time()
@@ -145,6 +151,8 @@ class Coordinator:
         for job_id in flagged:
             job = self.jobs[job_id]
             self.jobs[job_id] = self.admission.reconsider(job, now)
+            if self.jobs[job_id] is not job:  # a view of the job anew: its judgement too
+                self.judgements[job_id] = Judgement(job_id, self.nodes)
 
     def _new_job(self, job_id: str, world_size: int) -> JobView:
         if len(self.jobs) >= MAX_JOBS:
@@ -153,11 +161,13 @@ class Coordinator:
                         "recently", MAX_JOBS, printable(oldest))
             self._forget_job(oldest)
         job = self.jobs[job_id] = JobView(job_id, self.policy)
+        self.judgements[job_id] = Judgement(job_id, self.nodes)
         log.info("new job %s (world size %d)", printable(job_id), world_size)
         return job
 
     def _forget_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
+        self.judgements.pop(job_id, None)
         self._job_seen.pop(job_id, None)
         self.stacks.forget(job_id)
         self.admission.forget(job_id)
@@ -166,7 +176,7 @@ class Coordinator:
         """Forget the jobs, and the nodes, no report mentioned for `job_retention` seconds: a
         job that ended is reported by its agents a while after its exit, then not at all."""
         for job_id in [j for j, seen in self._job_seen.items() if now - seen > self.job_retention]:
-            if not self.jobs[job_id].evaluating:
+            if self.judgements[job_id].stage is not Stage.LOOKING:
                 self._forget_job(job_id)
         for node in self.nodes.quiet_for(self.job_retention, now):
             if self.sessions.session_of(node) is None:
@@ -175,9 +185,11 @@ class Coordinator:
     def job_status(self, job: JobView, now: float, wanted: Collection[int] = ()) -> StatusJob:
         """A job as `watchdog status --json` gives it; a large one's ranks grouped, but for its
         culprits and the ranks `wanted`."""
-        verdict = job.incident if job.incident_open or job.done else None
+        judgement = self.judgements[job.job_id]
+        verdict = judgement.verdict(job)
         snapshot = job.snapshot(now)
-        return {"job_id": job.job_id, "attempt": snapshot.attempt, "state": job.state(now),
+        return {"job_id": job.job_id, "attempt": snapshot.attempt,
+                "state": judgement.job_state(job, now),
                 "world_size": job.world_size, "nodes": sorted(set(job.nodes.values())),
                 **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
                 "verdict": verdict,
@@ -210,17 +222,6 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.tick)
 
-    def _unreachable(self, job: JobView, now: float) -> tuple[str, ...] | None:
-        """The job's unreachable nodes, or None while one is silent but not yet unreachable."""
-        unreachable = []
-        for node in sorted(set(job.nodes.values())):
-            silent, lost = self.nodes.silence(node, now)
-            if silent and not lost:
-                return None
-            if lost:
-                unreachable.append(node)
-        return tuple(unreachable)
-
     def evaluate_all(self, now: float) -> list[asyncio.Task[None]]:
         """Judge every job as of `now`; a diagnosis that needs stacks runs as a task."""
         tasks = self._judge_all(now)
@@ -236,100 +237,59 @@ class Coordinator:
 
     def _judge_all(self, now: float) -> list[asyncio.Task[None]]:
         tasks = []
-        for job in self.jobs.values():
-            ended = self._observe(job, now)
-            if ended is not None:
-                tasks.append(ended)
+        for job_id, job in self.jobs.items():
+            judgement = self.judgements[job_id]
+            judgement.observed(job.observe(now))
             if job.findings.pending:
                 tasks += self._report_findings(job, now)
-            self._follow_exit(job, now)
-            if job.let_go or job.evaluating or job.hung or (
-                    job.incident is not None and job.done):
-                continue
-            if job.held(now) or not job.needs_judgement(now):
-                continue
-            unreachable = self._unreachable(job, now)
-            if unreachable is None:
-                continue  # a node missed a few reports: its ranks' state is not known yet
-            # A stall is always looked at with stacks: CPU time alone can be a spinning wait.
-            stalled = job.stalled(now)
-            early = not stalled and job.early_look(now)
-            if stalled or early or decide(
-                    job.snapshot(now, unreachable_nodes=unreachable)) is not None:
-                job.evaluating = True
-                if stalled and not job.hold_until:  # the first look at this stall
-                    metrics.STALLS.inc()
-                tasks.append(asyncio.create_task(
-                    self._diagnose(job, unreachable, stalled or early, early)))
+            for _ in range(MAX_ACTIONS):
+                action = judgement.step(job, now)
+                if isinstance(action, Wait | Nothing) or not judgement.apply(action):
+                    break
+                task = self._carry_out(job, judgement, action)
+                if task is not None:
+                    tasks.append(task)
         return tasks
 
-    def _follow_exit(self, job: JobView, now: float) -> None:
-        """Once per exit incident, whether its job is still hung a threshold after the exit;
-        if so, it is logged and told. Not for a job the watchdog itself is ending (`let_go`)."""
-        incident = job.incident
-        if job.let_go or job.after_exit_decided or incident is None or (
-                incident["kind"] != Kind.RANK_EXITED):
-            return
-        outcome = after_exit(job, incident, now)
-        if outcome is AfterExit.NOT_YET:
-            return
-        job.after_exit_decided = True
-        if isinstance(outcome, StillHung):
-            log.warning("job %s: %s", printable(job.job_id), outcome.text())
+    def _carry_out(self, job: JobView, judgement: Judgement,
+                   action: Action) -> asyncio.Task[None] | None:
+        """Do what the job's judgement decided this tick: a look runs as a task, and so does the
+        storing and telling of an incident's end."""
+        _say(job, action)
+        if isinstance(action, Look):
+            if action.first:
+                metrics.STALLS.inc()
+            return asyncio.create_task(self._look(job, judgement, action))
+        if isinstance(action, MarkResumed):
+            metrics.VERDICTS_RESUMED.inc()
+        if isinstance(action, EndNotice | MarkResumed):
+            return asyncio.create_task(self._moved_on(action.incident, action.lasted))
+        if isinstance(action, TellStillHung):
             for listener in self.still_hung_listeners:
-                listener(outcome)
+                listener(action.still)
+        return None
 
-    def _observe(self, job: JobView, now: float) -> asyncio.Task[None] | None:
-        """Bring the job's progress up to `now`. Progress ends an open notice (its rank moved
-        on: the notice gains `ended_at`), and contradicts an open hang verdict that nobody
-        acted on (it gains `resumed_at`: the watchdog's own record of being wrong); either is
-        stored again and told in the task returned."""
-        said = job.incident if job.incident is not None and job.incident_open else None
-        began = now - job.tracker.stalled_for(now)
-        job.observe(now)
-        if said is None or job.incident_open:
-            return None
-        # Dated by the hooks' own stamp of the progress where they have one; an incident said
-        # just after its ranks moved on ends when it was said, not before.
-        moved_at = max(now - job.tracker.stalled_for(now), said["detected_at"])
-        if said["severity"] == Severity.NOTICE:
-            ended: Incident = {**said, "ended_at": moved_at}
-            job.incident = ended
-            return asyncio.create_task(self._moved_on(ended, moved_at - began))
-        if said["kind"] == Kind.RANK_EXITED or job.let_go:
-            return None  # an exit is no claim progress can contradict; an end was asked for
-        resumed: Incident = {**said, "resumed_at": moved_at}
-        job.incident = resumed
-        job.hung_before = False
-        metrics.VERDICTS_RESUMED.inc()
-        log.warning("job %s made progress %.0f s after hang incident %s (%s) with nobody acting "
-                    "on it: the verdict was wrong", printable(job.job_id),
-                    moved_at - said["detected_at"], said["id"], said["kind"])
-        return asyncio.create_task(self._moved_on(resumed, moved_at - began))
-
-    async def _diagnose(self, job: JobView, unreachable: tuple[str, ...], stalled: bool,
-                        early: bool = False) -> None:
-        """Judge the job with its stacks in hand (`diagnosis`); `early`: a look during the
-        warm-up."""
+    async def _look(self, job: JobView, judgement: Judgement, look: Look) -> None:
+        """Take the job's stacks and carry out what the judgement concludes of them."""
         started = time.monotonic()
         try:
             await settle_exits(job, self.tick)
             live = tuple(r.rank for r in job.ranks.values() if r.alive)
             # Several stacks a rank, to see whether Python moves; one where a rank just exited.
-            stacks = await self.stacks.gather(job, live, STACK_SAMPLES if stalled else 1)
+            stacks = await self.stacks.gather(job, live, look.samples)
             now = time.time()
-            if late_but_alive(job, unreachable, stacks, self.nodes, now):
-                job.hold(now + RECHECK_S)
-                return
-            snapshot = job.snapshot(now, stacks, unreachable, early)
-            verdict = verdict_to_tell(job, snapshot, now, early)
-            if verdict is not None:
-                await self._report(job, snapshot, verdict, now)
+            action = judgement.conclude(job, look, stacks, now)
+            judgement.apply(action)
+            _say(job, action)
+            if isinstance(action, SawProgress):
+                job.moved_stacks(action.stacks)
+            elif isinstance(action, Tell):
+                await self._report(job, judgement, action.snapshot, action.verdict, now)
                 metrics.VERDICT_SECONDS.observe(time.monotonic() - started)
         except Exception:
             log.exception("diagnosing job %s failed", job.job_id)
         finally:
-            job.evaluating = False
+            judgement.looked()
 
     def _report_findings(self, job: JobView, now: float) -> list[asyncio.Task[None]]:
         """Each new finding of the job, stored and told in a task of its own; a fault here is
@@ -385,13 +345,12 @@ class Coordinator:
         except Exception:
             log.exception("recording the end of incident %s failed", incident["id"])
 
-    async def _report(self, job: JobView, snapshot: JobSnapshot, verdict: Verdict,
-                      now: float) -> None:
+    async def _report(self, job: JobView, judgement: Judgement, snapshot: JobSnapshot,
+                      verdict: Verdict, now: float) -> None:
         """Store the incident, then tell the listeners, once."""
         incident = build_incident(snapshot, verdict, uuid.uuid4().hex[:12], now)
         stored = await self.stored_twin(incident)
-        job.told(stored or incident)
-        job.hung_before = job.hung_before or is_hang(incident)
+        judgement.told(stored or incident, job.events_total(), job.exits)
         if stored is not None:
             log.info("incident %s was stored before a restart; not repeating it", stored["id"])
             return
@@ -407,3 +366,8 @@ class Coordinator:
         same = (stored["kind"], stored["culprit_ranks"], stored["collective"]) == (
             incident["kind"], incident["culprit_ranks"], incident["collective"])
         return stored if same else None
+
+
+def _say(job: JobView, action: Action) -> None:
+    if action.level is not None:
+        log.log(action.level, "job %s: %s", printable(job.job_id), printable(action.reason))
