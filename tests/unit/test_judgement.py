@@ -187,66 +187,79 @@ def exits_during_hold(judged: Judgement, view: JobView) -> None:
 @dataclass(frozen=True)
 class Row:
     """At T0 + `at`, the judgement and the job `given` makes are in `stage` and decide `action`,
-    whose fields include `fields`."""
+    whose fields include `fields`; carried out, it moves the judgement to `then`."""
 
     given: Callable[[], Given]
     at: float
     stage: Stage
     action: type[Action]
     fields: dict[str, object] = field(default_factory=dict)
+    then: Stage | None = None  # None: the same stage
 
 
 STEPS = {
     # quiet: looked at once it needs it
     "a job that progresses is left alone": Row(fresh(stalled), 4.9, Stage.QUIET, Nothing),
     "a stall past its threshold is looked at, 3 stacks a rank": Row(
-        fresh(stalled), 5.1, Stage.QUIET, Look, {"samples": 3, "early": False, "first": True}),
+        fresh(stalled), 5.1, Stage.QUIET, Look, {"samples": 3, "early": False, "first": True},
+        then=Stage.LOOKING),
     "a rank that exited with an error is looked at at once, 1 stack a rank": Row(
         fresh(lambda: job(exited(STUCK, at=0.5, code=1, clean=True), *WAITING)), 1.0,
-        Stage.QUIET, Look, {"samples": 1, "early": False, "first": False}),
+        Stage.QUIET, Look, {"samples": 1, "early": False, "first": False}, then=Stage.LOOKING),
     "a rank that finished cleanly while no one waits for it is no verdict": Row(
         fresh(lambda: job(exited(joined(1), at=0.5, code=0, clean=True), joined(0), joined(2),
                           joined(3))), 1.0, Stage.QUIET, Nothing),
     "a node that missed a few reports: its ranks' state is not known yet": Row(
         lambda: silent_node(lost=False), 5.1, Stage.QUIET, Wait),
     "a node silent past the node timeout is unreachable, and named": Row(
-        lambda: silent_node(lost=True), 5.1, Stage.QUIET, Look, {"unreachable": ("node-0",)}),
+        lambda: silent_node(lost=True), 5.1, Stage.QUIET, Look, {"unreachable": ("node-0",)},
+        then=Stage.LOOKING),
     # start-up: judged on evidence, looked at once the floor passes while some ranks wait
     "during the warm-up, quiet under the floor: left alone": Row(
         fresh(warming), POLICY.floor - 1, Stage.QUIET, Nothing),
     "during the warm-up, quiet past the floor while some wait: an early look": Row(
         fresh(warming), POLICY.floor, Stage.QUIET, Look,
-        {"samples": 3, "early": True, "first": False}),
+        {"samples": 3, "early": True, "first": False}, then=Stage.LOOKING),
     "the warm-up over: a stall like any other": Row(
-        fresh(warming), POLICY.warmup, Stage.QUIET, Look, {"early": False, "first": True}),
+        fresh(warming), POLICY.warmup, Stage.QUIET, Look, {"early": False, "first": True},
+        then=Stage.LOOKING),
     "an early look waits for the floor, even under a shorter fixed --stall-timeout": Row(
         fresh(lambda: warming(StallPolicy(fixed=3.0))), 3.0, Stage.QUIET, Nothing),
     "...and comes at the floor": Row(
         fresh(lambda: warming(StallPolicy(fixed=3.0))), POLICY.floor, Stage.QUIET, Look,
-        {"early": True}),
+        {"early": True}, then=Stage.LOOKING),
     # held: looked at again at its time, or at once when a rank exits
     "held: not looked at before its time": Row(
         after(lambda v: held(v, until=20.0), stalled), 19.0, Stage.HELD, Wait),
     "held: looked at again at its time, no new stall": Row(
         after(lambda v: held(v, until=20.0), stalled), 20.0, Stage.HELD, Look,
-        {"first": False}),
+        {"first": False}, then=Stage.LOOKING),
     "a rank that exits during a notice's hold is judged at once": Row(
         after(lambda v: noticed(v, until=20.0), stalled, exits_during_hold), 8.0, Stage.NOTICE,
-        Look, {"samples": 3}),
+        Look, {"samples": 3}, then=Stage.LOOKING),
     # told a notice: looked at again; progress ends it
     "a notice: held until its next look": Row(after(noticed, stalled), 10.0, Stage.NOTICE, Wait),
     "a notice whose ranks moved on ends when they did": Row(
         after(noticed, stalled, lambda j, v: moved(j, v, 30.0)), 30.0, Stage.NOTICE, EndNotice,
-        {"incident": {**NOTICE, "ended_at": T0 + 30.0}, "lasted": 30.0}),
+        {"incident": {**NOTICE, "ended_at": T0 + 30.0}, "lasted": 30.0}, then=Stage.QUIET),
     "a notice said just after its ranks moved on ends when it was said": Row(
         after(noticed, stalled, lambda j, v: moved(j, v, 6.5, progress_age=2.5)), 6.5,
-        Stage.NOTICE, EndNotice, {"incident": {**NOTICE, "ended_at": T0 + 6.0}, "lasted": 6.0}),
+        Stage.NOTICE, EndNotice, {"incident": {**NOTICE, "ended_at": T0 + 6.0}, "lasted": 6.0},
+        then=Stage.QUIET),
+    "news of progress older than the spell ends a notice, not its hold": Row(
+        after(noticed, stalled, lambda j, v: moved(j, v, 10.0, progress_age=12.0)), 10.0,
+        Stage.NOTICE, EndNotice, {"incident": {**NOTICE, "ended_at": T0 + 6.0}},
+        then=Stage.HELD),
     # told a hang: nothing to judge until progress contradicts it
     "a hang stands while the job is quiet": Row(after(hang, stalled), 60.0, Stage.HUNG, Nothing),
     "a hang the job contradicts: resumed, the watchdog's own error": Row(
         after(hang, stalled, lambda j, v: moved(j, v, 9.0)), 9.0, Stage.HUNG, MarkResumed,
         {"incident": {**HANG, "resumed_at": T0 + 9.0}, "lasted": 9.0,
-         "level": logging.WARNING}),
+         "level": logging.WARNING}, then=Stage.QUIET),
+    "...told while a hold stood, and contradicted by old news: held": Row(
+        after(lambda v: told(held(v, until=20.0), v, HANG), stalled,
+              lambda j, v: moved(j, v, 10.0, progress_age=12.0)), 10.0, Stage.HUNG,
+        MarkResumed, {"incident": {**HANG, "resumed_at": T0 + 6.0}}, then=Stage.HELD),
     "ranks that exit after a hang was told do not reopen it": Row(
         after(hang, stalled, killed_after_hang), 9.0, Stage.HUNG, Nothing),
     # told an exit: followed for its peers still waiting a threshold later (the floor here)
@@ -254,9 +267,10 @@ STEPS = {
         after(exit_told, lambda: exit_waited_since(3.0)), 14.0, Stage.EXITED, Wait),
     "an exit's peers still wait 10 s after it: told once": Row(
         after(exit_told, lambda: exit_waited_since(3.0)), 15.0, Stage.EXITED, TellStillHung,
-        {"level": logging.WARNING}),
+        {"level": logging.WARNING}, then=Stage.DONE),
     "an exit's peers went on: followed no more": Row(
-        after(exit_told, lambda: exit_waited_since(15.5)), 16.0, Stage.EXITED, StopFollowing),
+        after(exit_told, lambda: exit_waited_since(15.5)), 16.0, Stage.EXITED, StopFollowing,
+        then=Stage.DONE),
     "progress closes an exit, which it cannot contradict": Row(
         after(exit_told, stalled, lambda j, v: moved(j, v, 9.0)), 9.0, Stage.EXITED, Close),
     # let go: the job is being ended on purpose
@@ -280,6 +294,8 @@ def test_step(row: Row) -> None:
     action = judged.step(view, T0 + row.at)
     assert type(action) is row.action, action
     assert {name: getattr(action, name) for name in row.fields} == row.fields
+    assert judged.apply(action)
+    assert judged.stage is (row.then or row.stage)
 
 
 # -- what a look concludes, its stacks in hand ---------------------------------------------
