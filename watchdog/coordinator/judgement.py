@@ -6,12 +6,13 @@ each tick, and `conclude(job, look, stacks, now)` once a look has its stacks: ea
 carries it out, and says what else happened (`observed`, `told`, `looked`, `let_go`); only
 those move the judgement, and only along TRANSITIONS (drawn in docs/design.md):
 
-    QUIET --look--> LOOKING --nothing to say yet--> HELD --its time, or an exit--> LOOKING
-                      |-- told a notice --> NOTICE --its time, or an exit--> LOOKING
-                      |-- told a hang ----> HUNG
-                      '-- told an exit ---> EXITED --still hung after it, or never--> DONE
-    HELD, NOTICE (ended_at), HUNG (resumed_at) --progress--> QUIET (or HELD, still held)
-    any stage --let go--> LET_GO
+    QUIET   --look------------->  LOOKING
+    LOOKING --nothing to say--->  HELD    --at `until`, or a rank exits-->  LOOKING
+    LOOKING --told a notice---->  NOTICE  --at `until`, or a rank exits-->  LOOKING
+    LOOKING --told a hang------>  HUNG
+    LOOKING --told an exit----->  EXITED  --still hung after it, or never-->  DONE
+    HELD, NOTICE (ended_at), HUNG (resumed_at) --progress-->  QUIET, or HELD if still held
+    any     --let go----------->  LET_GO
 
 A refused move is a bug: the tests raise (`STRICT`); the daemon logs it and keeps the stage,
 since one job's bug must not stop its loop from judging every other job.
