@@ -6,7 +6,7 @@ judgement decides, and moves on when the Coordinator applies what it did (`Judge
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.model import JobSnapshot, RankStack, Verdict
@@ -102,4 +102,4 @@ class Tell(Action):
 class SawProgress(Action):
     """A job without a hook whose stacks moved: record them as its progress."""
 
-    stacks: dict[int, RankStack] = field(default_factory=dict)
+    stacks: dict[int, RankStack]
