@@ -60,3 +60,11 @@ def test_a_urls_spill_file_is_in_the_state_directory_named_without_the_password(
     assert state.stat().st_mode & 0o777 == 0o700 and spilled.stat().st_mode & 0o777 == 0o600
     assert json.loads(spilled.read_text()) == {"coordinator": "head:29450", "incident": INCIDENT}
     assert store.where == "postgresql://watchdog:***@db.example:5433/incidents?sslmode=verify-full"
+
+
+def test_a_spill_file_of_an_earlier_release_is_stored_unnamed(tmp_path: Path) -> None:
+    path = tmp_path / "incidents.db"
+    Path(f"{path}.pending").write_text(json.dumps(INCIDENT) + "\n")  # bare incidents, a line each
+    store = SqliteStore(str(path), coordinator="head:29450")
+    assert [(json.loads(s.text), s.coordinator) for s in store.listed()] == [(INCIDENT, "")]
+    assert not Path(f"{path}.pending").exists()
