@@ -16,17 +16,18 @@ import pytest
 
 from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank
 from watchdog import metrics
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.collection import FULL_EVERY, sparing_full_collections
 from watchdog.coordinator.hearing import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.model import EVERY_JOB, NodeReport, RankState
 
 
 def coordinator(tmp_path: Path, **policy: float) -> Coordinator:
-    return Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(**policy))
+    return Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(**policy))
 
 
 def report(node: str, *states: RankState) -> NodeReport:
@@ -48,7 +49,7 @@ def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
 
 def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
         tmp_path: Path) -> None:
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(),
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(),
                       job_retention=60.0)
     hub.ingest(report("node-a", rank(0, job_id="old")), T0)
     for n in range(10):
@@ -137,8 +138,8 @@ def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: 
     ((told, lasted),) = ended
     assert told == {**notice, "ended_at": T0 + 30.0} and lasted == 30.0
     assert hub.jobs[JOB].incident == told and not hub.jobs[JOB].incident_open
-    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == told  # the same row, its text replaced
+    (stored,) = SqliteStore(str(tmp_path / "incidents.db")).listed()
+    assert json.loads(stored.text) == told  # the same row, its text replaced
 
 
 def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
@@ -168,8 +169,8 @@ def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
     asyncio.run(scenario())
     ((told, lasted),) = ended
     assert told == {**hang, "resumed_at": T0 + 9.0} and lasted == 9.0
-    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == told
+    (stored,) = SqliteStore(str(tmp_path / "incidents.db")).listed()
+    assert json.loads(stored.text) == told
     assert metrics.VERDICTS_RESUMED._value.get() == before + 1
     job = hub.jobs[JOB]
     assert job.incident == told and not job.hung and not job.hung_before
@@ -261,7 +262,7 @@ def test_a_job_still_hung_after_an_exit_is_told_once_and_never_when_let_go(
 def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> dict[str, Any]:
     """Rank 3 raised (node-a's report); `later` arrives from node-b 0.1 s after the coordinator
     began to judge it. The incident told, and within how long."""
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
     told: list[dict[str, Any]] = []
     hub.listeners.append(told.append)
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN = ("watchdog", "agent")
 # What a training rank must never load: the hook runs inside user code, beside fork().
 NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
-                     "watchdog.coordinator", "watchdog.cli", "sqlite3", "asyncio",
+                     "watchdog.coordinator", "watchdog.cli", "sqlite3", "psycopg", "asyncio",
                      "prometheus_client", "watchdog.metrics")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
 AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",

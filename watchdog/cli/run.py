@@ -47,10 +47,10 @@ class RunCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from watchdog.cli.embedded import RunOptions, run_job
-        from watchdog.coordinator import default_db_path
+        from watchdog.coordinator.database import database_of
 
         run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang,
-                                 args.report, args.report_html, args.db or default_db_path(),
+                                 args.report, args.report_html, database_of(args.db),
                                  use_color(sys.stderr), args.native,
                                  metrics_listen=args.metrics_listen, framed=True)
         return asyncio.run(run_job(run_options))

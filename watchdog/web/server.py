@@ -51,7 +51,8 @@ class WebSource(Protocol):
 
     def incident(self, incident_id: str) -> dict[str, Any] | None: ...
 
-    def incidents(self, limit: int) -> list[dict[str, Any]]: ...
+    def incidents(self, limit: int) -> list[tuple[dict[str, Any], str]]:
+        """The newest incidents, each with the coordinator that stored it."""
 
 
 class PageError(Exception):
