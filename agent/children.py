@@ -115,10 +115,25 @@ def _bare(function: str) -> str:
     return function.rpartition(".")[2]
 
 
-def cpu_cores(before: procfs.ProcStat, after: procfs.ProcStat, seconds: float) -> float:
-    """Cores the process used between two stat reads `seconds` apart, with the children it
-    reaped meanwhile: a compiler driver's work is done by the passes it runs (gcc's cc1plus
-    and as), each gone by the time the driver returns."""
-    used = (after.cpu_ticks + after.reaped_ticks - before.cpu_ticks - before.reaped_ticks
-            ) / os.sysconf("SC_CLK_TCK")
+MAX_DESCENDANTS = 64  # of a child, whose CPU counts as its own (a build's compilers, say)
+
+
+def tree_ticks(stat: procfs.ProcStat, proc: str = "/proc") -> int:
+    """The CPU ticks of a process and of its descendants, living or reaped: a compiler driver's
+    work is done by the passes it runs (gcc's cc1plus and as), and a pass counts whether it
+    still runs or ended between two reads. At most MAX_DESCENDANTS descendants are read."""
+    ticks, todo, seen = stat.cpu_ticks + stat.reaped_ticks, [stat.pid], 0
+    while todo and seen < MAX_DESCENDANTS:
+        for pid in _children(todo.pop(), proc):
+            kid = procfs.read_stat(pid, proc)
+            seen += 1
+            if kid is not None and not kid.gone:
+                ticks += kid.cpu_ticks + kid.reaped_ticks
+                todo.append(pid)
+    return ticks
+
+
+def cpu_cores(before: int, after: int, seconds: float) -> float:
+    """Cores used between two reads of `tree_ticks`, `seconds` apart."""
+    used = (after - before) / os.sysconf("SC_CLK_TCK")
     return round(max(0.0, used) / max(seconds, 0.01), 3)

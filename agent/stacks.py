@@ -219,6 +219,7 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
     start, first = loop.time(), procfs.read_stat(pid)
     if first is None or first.gone:
         return None
+    ticks = await asyncio.to_thread(children.tree_ticks, first)
     stacks: list[tuple[Frame, ...]] = []
     thread, error, state = None, "", first.state
     for index in range(samples):
@@ -237,13 +238,15 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
     last = procfs.read_stat_of(pid, first.start_ticks)
     if last is None or last.gone:
         return None
+    used = children.cpu_cores(ticks, await asyncio.to_thread(children.tree_ticks, last),
+                              loop.time() - start)
     frames = stacks[-1] if stacks else ()
     worker = children.is_dataloader_worker(frames)
     return ChildStack(
         pid, role=DATALOADER_WORKER if worker else "",
         worker_id=children.worker_id(_raw_frames(thread)) if worker and thread else None,
         state=state, frames=frames, error="" if stacks else bounded(error, MAX_ERROR_BYTES),
-        moved=moved(stacks), cpu=children.cpu_cores(first, last, loop.time() - start))
+        moved=moved(stacks), cpu=used)
 
 
 async def dump_stacks(targets: list[tuple[int, int, int, int | None]], native: bool = False,

@@ -73,3 +73,26 @@ class AuthError(WatchdogError):
     """The coordinator refused a call: the token was missing or wrong."""
 
     hint = "pass the coordinator's token with --token-file FILE (or $WATCHDOG_TOKEN)"
+
+
+class StoreError(WatchdogError):
+    """The incident database refused a read or a write, or could not be opened."""
+
+    hint = ("check that --db (or $WATCHDOG_DB) names a database this user can write: a SQLite "
+            "path, or a postgresql:// URL whose server answers")
+
+
+class StoreUnavailableError(StoreError):
+    """The incident database's server did not answer; it may come back (a coordinator keeps
+    its incidents meanwhile and stores them then)."""
+
+    hint = ("check that the PostgreSQL server is up and reachable, and the URL's user, host, "
+            "port and database; the password comes from the password file (~/.pgpass, "
+            "$PGPASSFILE) or $PGPASSWORD")
+
+
+class SchemaTooNewError(StoreError):
+    """The incident database was made or migrated by a newer torch-hang-watchdog."""
+
+    hint = ("upgrade torch-hang-watchdog here to the release that the database's other "
+            "coordinators run, or give --db another database")

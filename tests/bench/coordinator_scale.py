@@ -60,8 +60,9 @@ from tests.helpers.loadgen import (
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.coordinator.store import IncidentStore, incident_json
+from watchdog.coordinator.store import incident_json
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Kind, NodeReport, RankStack, StackReply
 from watchdog.transport import wire as _wire
@@ -262,7 +263,7 @@ def _sleep_watching(live: Live, coord: Child, seconds: float, args: argparse.Nam
 def inproc_stages(conn: Connection, ranks: int, compact: bool, profile: str | None) -> None:
     """Child process: send (stage, seconds, *detail) as each stage completes."""
     with tempfile.TemporaryDirectory() as tmp, sparing_full_collections():
-        store = IncidentStore(os.path.join(tmp, "incidents.db"))
+        store = SqliteStore(os.path.join(tmp, "incidents.db"))
         coordinator = Coordinator(store, StallPolicy(fixed=STALL_TIMEOUT_S))
         sim = SimJob(ranks, compact, started_at=time.time() - 600)
         _time_ingest(conn, coordinator, sim)

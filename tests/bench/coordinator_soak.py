@@ -1,5 +1,7 @@
 """A long-running coordinator forgets what it should and stores what it prints (a script, not a
-test): `python -m tests.bench.coordinator_soak [--jobs 20000] [--incidents 1000]`.
+test): `python -m tests.bench.coordinator_soak [--jobs 20000] [--incidents 1000] [--postgres |
+--db PATH|URL]` (a SQLite file of its own by default; `--postgres` a throwaway PostgreSQL
+server, tests/helpers/postgres.py).
 
 A real `watchdog coordinator` process is fed short jobs over loopback gRPC by one agent (the real
 CoordinatorClient, answering stack requests): each job has 2 ranks that run for a moment; in one
@@ -11,22 +13,24 @@ last report. Meanwhile readers poll it: `watchdog incidents list` on its databas
 status`. Printed: the coordinator's RSS and the jobs it follows at the start, the middle and the
 end; the database's size; the incidents it printed against those stored (equal); the readers'
 rounds and failures; the verdict on the first failing job and on the last (they should read
-alike, job ids aside).
+alike, job ids aside); then the time to store one incident, each of those it stored added again
+under a new id through the store the coordinator uses (its retention's pruning included).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
-import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,9 @@ from typing import Any
 import psutil
 
 from watchdog.cli.demo import free_port
+from watchdog.coordinator import store_for
+from watchdog.coordinator.database import database_of
+from watchdog.coordinator.store import IncidentStore, Retention
 from watchdog.model import (
     Frame,
     GroupProgress,
@@ -241,10 +248,32 @@ def verdict_lines(feeder: Feeder) -> list[str]:
     return [*lines, f"first and last judged alike: {alike}"]
 
 
-def db_bytes(db: str) -> int:
-    """The database with its WAL: what the incidents take on disk."""
-    return sum(os.path.getsize(f"{db}{suffix}") for suffix in ("", "-wal")
-               if os.path.exists(f"{db}{suffix}"))
+def store_times(store: IncidentStore, texts: list[str]) -> str:
+    """Each incident stored again under a new id, as the coordinator stores one (its pruning
+    included): the time each took."""
+    took = []
+    for n, text in enumerate(texts):
+        incident = {**json.loads(text), "id": f"again-{n:06d}"}
+        began = time.perf_counter()
+        store.add(incident)
+        took.append(time.perf_counter() - began)
+    took.sort()
+    return (f"storing an incident ({len(texts)}, {len(store.listed(10 ** 6))} rows after): "
+            f"mean {statistics.mean(took) * 1000:.2f} ms, median {took[len(took) // 2] * 1000:.2f} "
+            f"ms, p99 {took[int(len(took) * 0.99)] * 1000:.2f} ms")
+
+
+@contextlib.contextmanager
+def database(args: argparse.Namespace, tmp: str) -> Iterator[str]:
+    """What the coordinator is given as --db: args.db, a throwaway PostgreSQL server's, or a
+    file of its own."""
+    if args.postgres:
+        from tests.helpers.postgres import cluster
+
+        with cluster() as server:
+            yield server.database()
+    else:
+        yield args.db or os.path.join(tmp, "incidents.db")
 
 
 def main() -> None:
@@ -253,10 +282,14 @@ def main() -> None:
     parser.add_argument("--incidents", type=int, default=1_000,
                         help="how many of the jobs fail (one incident each)")
     parser.add_argument("--every", type=float, default=0.01, help="seconds between job starts")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--db", metavar="PATH|URL", help="store there (an empty database)")
+    where.add_argument("--postgres", action="store_true",
+                       help="store on a throwaway PostgreSQL server")
     args = parser.parse_args()
     feeder = Feeder(args.jobs, max(1, args.jobs // args.incidents), args.every)
-    with tempfile.TemporaryDirectory() as tmp:
-        db = os.path.join(tmp, "incidents.db")
+    with tempfile.TemporaryDirectory() as tmp, database(args, tmp) as db:
+        os.environ["STATE_DIRECTORY"] = tmp  # a URL's spill file, when it has one
         address = f"127.0.0.1:{free_port()}"
         log = Path(tmp, "coordinator.log")
         with log.open("w") as out:
@@ -264,19 +297,23 @@ def main() -> None:
                 [sys.executable, "-m", "watchdog", "coordinator", "--listen", address, "--db",
                  db, "--keep", str(10 * args.jobs), "--job-retention", str(RETENTION_S)],
                 stderr=out)
+        store = store_for(database_of(db), Retention(count=10 * args.jobs))
         try:
             while "listening on" not in log.read_text():
                 assert coordinator.poll() is None, log.read_text()
                 time.sleep(0.1)
             lines = asyncio.run(soak(feeder, address, psutil.Process(coordinator.pid),
                                      Readers(db, address)))
-            lines.append(f"database while it ran: {db_bytes(db) / MIB:.1f} MiB with its WAL")
+            lines.append(f"database while it ran: {store.used_bytes() / 1024:.0f} KiB (what "
+                         "--keep-mib counts)")
         finally:
             coordinator.terminate()
             coordinator.wait(30)
         printed = set(re.findall(r" incident (\S+): ", log.read_text()))
-        with sqlite3.connect(db) as conn:
-            stored = {row[0] for row in conn.execute("SELECT id FROM incidents")}
+        texts = [stored.text for stored in store.listed(10 ** 6)]
+        stored = {json.loads(text)["id"] for text in texts}
+        lines.append(store_times(store, texts))
+        store.close()
     failing = sum(job.fails for job in feeder.jobs)
     print("\n".join([*lines, f"incidents printed {len(printed)}, stored {len(stored)} "
                      f"({failing} jobs failed), printed and not stored: {len(printed - stored)}"]))

@@ -18,8 +18,9 @@ from prometheus_client import generate_latest
 
 from tests.helpers.loadgen import RANKS_PER_NODE, SimJob
 from watchdog import metrics
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator.gauges import sample
+from watchdog.coordinator.sqlite_store import SqliteStore
 
 
 def cpu_seconds(call: Callable[[], object], repeat: int) -> list[float]:
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=16384)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        coordinator = Coordinator(IncidentStore(f"{tmp}/i.db"), StallPolicy())
+        coordinator = Coordinator(SqliteStore(f"{tmp}/i.db"), StallPolicy())
         now = time.time()
         sim = SimJob(args.ranks, compact=True, started_at=now - 60)
         reports = [sim.report(node, now, listed=False) for node in range(sim.nodes)]

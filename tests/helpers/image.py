@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.helpers.sysroot import CACHE, REPO, dependencies, torch
+from tests.helpers.sysroot import CACHE, REPO, dependencies, extra, torch
 
 PACKAGES = "python3,python3-venv,python3-pip,python-is-python3"
 IMAGE = "localhost/torch-hang-watchdog:system-test"
@@ -78,7 +78,7 @@ def build_image(wheels: Path) -> str:
     """The checkout's image on the local base, offline: pip finds what it needs (setuptools to
     build, the wheel's dependencies to install) in `wheels`, made here from this machine's pip.
     podman's layer cache makes a rebuild of unchanged sources quick."""
-    wheels_of(wheels, "setuptools>=68", *dependencies())
+    wheels_of(wheels, "setuptools>=68", *dependencies(), *extra("postgres"))
     podman("build", *RUN, "-f", str(CONTAINERFILE), "--build-arg", f"BASE={base_image()}",
            "-v", f"{wheels}:/wheels-in:ro", "--build-arg", "PIP_NO_INDEX=1",
            "--build-arg", "PIP_FIND_LINKS=/wheels-in", "-t", IMAGE, str(REPO),

@@ -1,8 +1,9 @@
 """Renders deploy/kubernetes for the tests: with `kubectl kustomize` where kubectl is installed,
 else with `render` below, a small renderer of the kustomization features deploy/kubernetes
 uses and nothing more (resources, namespace, images, secretGenerator with files, each FILE or
-KEY=FILE). Where kubectl is installed, a test checks that both give the same manifests, so the
-small one stays honest.
+KEY=FILE, its Secret's new name given to the volumes and environment variables that name it).
+Where kubectl is installed, a test checks that both give the same manifests, so the small one
+stays honest.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def render(directory: Path) -> list[Doc]:
                     volume["secret"]["secretName"] = renamed.get(name, name)
             for container in pod.get("containers", []) + pod.get("initContainers", []):
                 container["image"] = _image(container["image"], spec.get("images", []))
+                for variable in container.get("env", []):
+                    ref = variable.get("valueFrom", {}).get("secretKeyRef")
+                    if ref is not None:
+                        ref["name"] = renamed.get(ref["name"], ref["name"])
     return docs
 
 

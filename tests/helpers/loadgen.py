@@ -30,6 +30,7 @@ from tests.helpers.builders import DDP_BACKWARD, SITE, TRAIN
 from watchdog.coordinator.jobs import JobView
 from watchdog.coordinator.service import Coordinator
 from watchdog.coordinator.sessions import Sessions
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.stack_requests import StackRequests
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore, incident_json
@@ -323,7 +324,7 @@ def serve_coordinator(conn: Connection, db: str, stall_timeout: float) -> None:
 
 
 async def _coordinator(conn: Connection, db: str, stall_timeout: float) -> None:
-    coordinator = CountingCoordinator(IncidentStore(db), StallPolicy(fixed=stall_timeout))
+    coordinator = CountingCoordinator(SqliteStore(db), StallPolicy(fixed=stall_timeout))
     server, port = await start_server(coordinator, "127.0.0.1:0")
     profiler = cProfile.Profile()
 

@@ -36,6 +36,11 @@ def dependencies() -> list[str]:
     return list(_project()["dependencies"])
 
 
+def extra(name: str) -> list[str]:
+    """What the wheel's extra `name` adds."""
+    return list(_project()["optional-dependencies"][name])
+
+
 def torch() -> str:
     """The torch this project is tested on (for a job)."""
     tested = _project()["optional-dependencies"]["test"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import postgres as pg
 from tests.helpers.browser import chromium
 from tests.helpers.capabilities import (  # noqa: F401 (a process of `nobody` to act on)
     other_users_worker,
@@ -23,6 +24,10 @@ from tests.helpers.harness import (  # noqa: F401 (machine_share: a fixture ever
 )
 from tests.helpers.secured import certs  # noqa: F401 (a CA and certificates, per test module)
 from watchdog.cli.demo import torchrun_command
+from watchdog.coordinator.database import POSTGRES, SQLITE, Database, mask
+from watchdog.coordinator.postgres_store import PostgresStore
+from watchdog.coordinator.sqlite_store import SqliteStore
+from watchdog.coordinator.store import IncidentStore
 from watchdog.demo import TRAIN_SCRIPT
 
 
@@ -50,3 +55,34 @@ def browser() -> Iterator[Any]:
     """Headless Chromium, one per test module (it takes a second or two to start)."""
     with chromium() as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pg.Cluster]:
+    """A throwaway PostgreSQL server, one per test process (tests/helpers/postgres.py)."""
+    problem = pg.missing()
+    if problem:
+        pytest.fail(problem)
+    with pg.cluster() as made:
+        yield made
+
+
+@pytest.fixture(params=[SQLITE, POSTGRES])
+def database(request: pytest.FixtureRequest, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Database:
+    """An empty incident database of each backend: a file here, or a database of its own on
+    the `postgres` server. A URL's spill file goes to this test's state directory."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    if request.param == SQLITE:
+        path = str(tmp_path / "incidents.db")
+        return Database(SQLITE, path, path)
+    url = request.getfixturevalue("postgres").database()
+    return Database(POSTGRES, url, mask(url))
+
+
+@pytest.fixture
+def make_store(database: Database) -> Callable[..., IncidentStore]:
+    """A new store of `database`, its backend's class given the keywords (retention,
+    busy_timeout, coordinator)."""
+    backend = SqliteStore if database.kind == SQLITE else PostgresStore
+    return lambda **settings: backend(database.target, **settings)

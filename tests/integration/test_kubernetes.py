@@ -1,8 +1,10 @@
 """deploy/kubernetes rendered as `kubectl apply -k overlays/example` would (credential files
-made in a copy: a token per role, a CA and the coordinator's certificate), every manifest
-validated with `kubernetes-validate --strict` for Kubernetes 1.29 (native sidecars) and the
-newest it knows, the properties the deployment relies on, and the coordinator and an agent run
-with the manifests' own arguments and the Secrets laid out as the kubelet mounts them."""
+made in a copy: a token per role, a CA and the coordinator's certificate), and
+overlays/postgres (the example, its incidents on a PostgreSQL server: a URL and the server's
+CA), every manifest validated with `kubernetes-validate --strict` for Kubernetes 1.29 (native
+sidecars) and the newest it knows, the properties the deployment relies on, and the coordinator
+and an agent run with the manifests' own arguments and the Secrets laid out as the kubelet
+mounts them."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 ROLES = ("agent", "reader", "control")
 VERSIONS = ("1.29.0", "1.37.0")
 MOUNT = "/var/run/secrets/torch-hang-watchdog"
+DATABASE_MOUNT = "/var/run/secrets/torch-hang-watchdog-database"
+DATABASE_URL = ("postgresql://watchdog:PASSWORD@db.example:5432/incidents?sslmode=verify-full"
+                f"&sslrootcert={DATABASE_MOUNT}/ca.crt")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,8 @@ def example(tmp_path_factory: pytest.TempPathFactory, certs: Certs,
              "tls.key": Path(certs.server_key).read_text()}
     for name, text in files.items():
         (copy / "overlays" / "example" / name).write_text(text)
+    (copy / "overlays" / "postgres" / "database-url").write_text(f"{DATABASE_URL}\n")
+    (copy / "overlays" / "postgres" / "database-ca.crt").write_text(Path(certs.ca).read_text())
     return copy / "overlays" / "example"
 
 
@@ -55,17 +62,27 @@ def manifests(example: Path) -> list[Doc]:
     return kubectl_kustomize(example) or render(example)
 
 
-def test_the_small_renderer_agrees_with_kustomize(example: Path) -> None:
-    rendered = kubectl_kustomize(example)
+@pytest.fixture(scope="module")
+def postgres_manifests(example: Path) -> list[Doc]:
+    overlay = example.parent / "postgres"
+    return kubectl_kustomize(overlay) or render(overlay)
+
+
+@pytest.mark.parametrize("overlay", ["example", "postgres"])
+def test_the_small_renderer_agrees_with_kustomize(example: Path, overlay: str) -> None:
+    rendered = kubectl_kustomize(example.parent / overlay)
     if rendered is None:
         pytest.skip("no kubectl here: the manifests were rendered by tests/integration/"
                     "tests/helpers/kustomize.py alone")
-    assert comparable(render(example)) == comparable(rendered)
+    assert comparable(render(example.parent / overlay)) == comparable(rendered)
 
 
+@pytest.mark.parametrize(("overlay", "count"), [("example", 12), ("postgres", 13)])
 @pytest.mark.parametrize("version", VERSIONS)
-def test_every_manifest_validates_strictly(manifests: list[Doc], version: str,
-                                           tmp_path: Path) -> None:
+def test_every_manifest_validates_strictly(overlay: str, count: int, version: str,
+                                           tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    manifests = request.getfixturevalue("manifests" if overlay == "example"
+                                        else "postgres_manifests")
     files = []
     for doc in manifests:
         path = tmp_path / f"{doc['kind']}-{doc['metadata']['name']}.yaml"
@@ -75,7 +92,7 @@ def test_every_manifest_validates_strictly(manifests: list[Doc], version: str,
     out = subprocess.run([str(validator), "--strict", "--kubernetes-version", version, *files],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(" passed for resource ") == len(manifests) == 12
+    assert out.stdout.count(" passed for resource ") == len(manifests) == count
 
 
 def test_a_misspelt_field_fails_validation(tmp_path: Path) -> None:
@@ -156,7 +173,14 @@ def test_the_coordinator_keeps_its_database_and_is_probed_over_grpc(
     spec = pod(manifests, "Deployment")
     (coordinator,) = spec["containers"]
     args = coordinator["args"]
-    assert "--db=/var/lib/torch-hang-watchdog/incidents.db" in args
+    assert not [arg for arg in args if arg.startswith("--db")]  # the environment says
+    env = {e["name"]: e for e in coordinator["env"]}
+    # No Secret torch-hang-watchdog-database here: SQLite, STATE_DIRECTORY/incidents.db.
+    assert env["STATE_DIRECTORY"]["value"] == "/var/lib/torch-hang-watchdog"
+    assert env["WATCHDOG_DB"]["valueFrom"]["secretKeyRef"] == {
+        "name": "torch-hang-watchdog-database", "key": "url", "optional": True}
+    assert not [d for d in manifests if d["metadata"]["name"].startswith(
+        "torch-hang-watchdog-database")]
     assert "--health-listen=0.0.0.0:29453" in args
     assert {"name": "incidents", "mountPath": "/var/lib/torch-hang-watchdog"} in (
         coordinator["volumeMounts"])
@@ -167,6 +191,27 @@ def test_the_coordinator_keeps_its_database_and_is_probed_over_grpc(
         assert coordinator[kind]["grpc"]["port"] == 29453
     assert coordinator["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_postgres_overlay_gives_the_coordinator_alone_the_url_from_a_secret(
+        postgres_manifests: list[Doc], certs: Certs) -> None:
+    spec = pod(postgres_manifests, "Deployment")
+    (coordinator,) = spec["containers"]
+    (variable,) = [e for e in coordinator["env"] if e["name"] == "WATCHDOG_DB"]
+    ref = variable["valueFrom"]["secretKeyRef"]
+    database = generated(postgres_manifests, "torch-hang-watchdog-database")
+    assert ref["name"].rpartition("-")[0] == "torch-hang-watchdog-database"
+    assert database == {"url": f"{DATABASE_URL}\n", "ca.crt": Path(certs.ca).read_text()}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "database"]
+    assert volume["secret"]["secretName"] == ref["name"]
+    assert {"name": "database", "mountPath": DATABASE_MOUNT, "readOnly": True} in (
+        coordinator["volumeMounts"])
+    assert not [arg for arg in coordinator["args"] if "postgresql" in arg]
+    job = pod(postgres_manifests, "Job")
+    for container in job["containers"] + job["initContainers"]:  # the trainers' pods: none
+        assert "torch-hang-watchdog-database" not in yaml.safe_dump(container)
+    assert {"name": "incidents", "mountPath": "/var/lib/torch-hang-watchdog"} in (
+        coordinator["volumeMounts"])  # what waits while the server is down
 
 
 def test_each_role_has_a_token_of_its_own_and_the_trainer_none(

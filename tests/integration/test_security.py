@@ -1,6 +1,6 @@
 """Tokens, TLS and hostile input against a real `watchdog coordinator` on loopback.
 
-Coordinators run as subprocesses (the real CLI, the real Coordinator and a real IncidentStore);
+Coordinators run as subprocesses (the real CLI, the real Coordinator and a real SqliteStore);
 clients are the real CoordinatorClient, the real `watchdog status`, and raw gRPC channels that
 send bytes of our choosing.
 """
@@ -41,8 +41,8 @@ from tests.helpers.secured import (
 )
 from watchdog.cli.demo import free_port
 from watchdog.coordinator.service import Coordinator
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.coordinator.store import IncidentStore
 from watchdog.errors import AuthError, CoordinatorUnreachableError, UsageError
 from watchdog.model import NodeReport, RankState
 from watchdog.transport.auth import REFUSED, ClientSecurity, client_security, server_security
@@ -240,7 +240,7 @@ def test_garbage_is_logged_in_one_line(open_door: Daemon) -> None:
 def test_without_a_token_only_loopback_is_served_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def listen(address: str) -> None:
-        store = IncidentStore(str(tmp_path / "i.db"))
+        store = SqliteStore(str(tmp_path / "i.db"))
         server, _ = await start_server(Coordinator(store, StallPolicy()), address)
         await server.stop(None)
         store.close()
@@ -261,7 +261,7 @@ def test_without_a_token_only_loopback_is_served_with_a_warning(
 
 def test_tls_status_works_and_plaintext_fails(certs: Certs, tmp_path: Path) -> None:
     async def serve_and_ask() -> tuple[str, BaseException]:
-        store = IncidentStore(str(tmp_path / "i.db"))
+        store = SqliteStore(str(tmp_path / "i.db"))
         server, port = await start_server(
             Coordinator(store, StallPolicy()), "127.0.0.1:0",
             server_security(None, certs.server_cert, certs.server_key, None))

@@ -2,8 +2,9 @@
 (ExecStart pointed at this environment's `watchdog`), the tmpfiles entry, the agent's capability
 set against another user's process, and both daemons run outside systemd with the units' exact
 arguments, credentials, state directories, capabilities and system call filters
-(tests/helpers/units.py) and a real notify socket. DynamicUser= is not emulated: the coordinator
-runs as root with no capability."""
+(tests/helpers/units.py) and a real notify socket; the coordinator also with a PostgreSQL
+server named the way its environment file would (a real server: tests/helpers/postgres.py).
+DynamicUser= is not emulated: the coordinator runs as root with no capability."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers import postgres as pg
 from tests.helpers.capabilities import probe
 from tests.helpers.harness import WATCHDOG, job_env, stop_process
 from tests.helpers.scrape import scrape, value
 from tests.helpers.secured import Certs, token_file
 from tests.helpers.units import UNITS, Unit, syscall_filter, syscall_set, under_unit
 from watchdog.cli.demo import free_port
+from watchdog.coordinator.database import mask
 
 EXPOSURE_LIMIT = {"agent": 5.0, "coordinator": 3.0}
 AGENT_CAPABILITIES = {"CAP_SYS_PTRACE", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"}
@@ -128,6 +131,12 @@ class Notifications:
         return seen
 
 
+def unit_env(tmp_path: Path) -> dict[str, str]:
+    """The tests' environment for a daemon, less the database they name: a unit's comes from
+    its state directory, or its environment file."""
+    return {key: value for key, value in job_env(tmp_path).items() if key != "WATCHDOG_DB"}
+
+
 def notify_socket(path: Path) -> Notifications:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
@@ -167,7 +176,7 @@ def test_daemons_run_with_the_units_arguments_credentials_and_state(
             daemons[name] = subprocess.Popen(
                 [*under_unit(unit), *cmd], text=True, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env={
-                    **job_env(tmp_path), **env, "NOTIFY_SOCKET": notified[name].path,
+                    **unit_env(tmp_path), **env, "NOTIFY_SOCKET": notified[name].path,
                     "WATCHDOG_USEC": "2000000"})  # WatchdogSec=2: pings within the test's time
             assert notified[name].next().startswith("READY=1\nSTATUS=")
         coordinator_address = f"localhost:{ports[29450]}"
@@ -196,6 +205,45 @@ def test_daemons_run_with_the_units_arguments_credentials_and_state(
             print(stop_process(proc))
         for notifications in notified.values():
             notifications.sock.close()
+
+
+def test_the_coordinator_unit_stores_into_postgresql_named_by_its_environment_file(
+        certs: Certs, postgres: pg.Cluster, tmp_path: Path) -> None:
+    """What /etc/torch-hang-watchdog/coordinator.env would hold, the server's URL (TLS, checked
+    against its CA) and the password, given to the unit's exact command: psycopg under the
+    unit's capabilities, system call filter and MemoryDenyWriteExecute=."""
+    unit = Unit.read("coordinator")
+    assert unit.one("EnvironmentFile") == "-/etc/torch-hang-watchdog/coordinator.env"
+    ca = shutil.copy(postgres.ca, tmp_path / "db-ca.pem")  # the server's own directory is its
+    url = postgres.database(user=pg.PASSWORD_USER).replace(
+        "sslmode=disable", f"sslmode=verify-full&sslrootcert={ca}")
+    creds, state = tmp_path / "credentials", tmp_path / "state"
+    for directory in (creds, state):
+        directory.mkdir(mode=0o700)
+    files = {"token": token_file(tmp_path), "server.pem": certs.server_cert,
+             "server.key": certs.server_key}
+    for credential in unit.credentials():
+        shutil.copy(files[credential], creds / credential)
+        (creds / credential).chmod(0o400)
+    env = {**unit.environment(), "CREDENTIALS_DIRECTORY": str(creds),
+           "STATE_DIRECTORY": str(state), "WATCHDOG_DB": url, "PGPASSWORD": pg.PASSWORD}
+    cmd = [re.sub(r":(2945\d)$", lambda m: f":{free_port()}", word)
+           for word in unit.command(env)]
+    notified = notify_socket(tmp_path / "notify")
+    coordinator = subprocess.Popen([*under_unit(unit), *cmd], text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT,
+                                   env={**unit_env(tmp_path), **env,
+                                        "NOTIFY_SOCKET": notified.path})
+    try:
+        ready = notified.next()
+    finally:
+        log = stop_process(coordinator)
+        notified.sock.close()
+    with postgres.admin(pg.dbname(url)) as admin:
+        version = admin.execute("SELECT version FROM incidents_schema").fetchall()
+    assert ready.startswith("READY=1\nSTATUS=") and f"incidents in {mask(url)}" in ready, log
+    assert version == [(1,)], log
+    assert pg.PASSWORD not in log + ready and coordinator.returncode == 0, log
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = STARTUP_S) -> bool:

@@ -40,7 +40,7 @@ from tests.helpers.daemons import (
 )
 from tests.helpers.harness import WATCHDOG, job_env, wait_for_output
 from watchdog.cli.demo import free_port
-from watchdog.coordinator.store import IncidentStore
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.model import (
     Frame,
     GroupProgress,
@@ -251,7 +251,7 @@ def test_worker_supplied_names_are_text_in_the_html_report(tmp_path: Path,
                 "kind": EVIL_FUNCTION, "severity": EVIL_FUNCTION, "summary": EVIL_LOG,
                 "culprit_ranks": [2], "waiting_ranks": [], "collective": None,
                 "ranks": [row], "stack_groups": [], "node": EVIL_HOST}
-    store = IncidentStore(str(tmp_path / "incidents.db"))
+    store = SqliteStore(str(tmp_path / "incidents.db"))
     store.add(incident)
     store.close()
     page_path = tmp_path / "hostile.html"

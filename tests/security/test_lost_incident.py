@@ -13,14 +13,14 @@ from pathlib import Path
 from tests.helpers.attack import WATCHDOG, clean_env, scratch_dir
 from tests.helpers.daemons import HANG_AFTER_3_STEPS
 from watchdog.cli.demo import free_port
-from watchdog.coordinator.store import IncidentStore
+from watchdog.coordinator.sqlite_store import SqliteStore
 
 
 def test_a_locked_database_loses_no_incident_and_stops_no_kill(tmp_path: Path) -> None:
     with scratch_dir() as scratch:
         db = scratch / "incidents.db"
         report = scratch / "incident.json"
-        IncidentStore(str(db)).open()  # exists, in WAL mode, as it would after earlier runs
+        SqliteStore(str(db)).open()  # exists, in WAL mode, as it would after earlier runs
         lock = sqlite3.connect(db, isolation_level=None)
         lock.execute("BEGIN EXCLUSIVE")  # writers wait; this one never lets go during the run
         try:

@@ -1,9 +1,10 @@
 """deploy/container/Containerfile built by podman on a local base image (its BASE build
-argument), and run: its `watchdog` is the checkout's, and the coordinator runs from it as the
-image's own non-root user. Then the example training pod's shape as a podman pod: the trainer
-and the agent sidecar share the pod's PID namespace and /dev/shm, the agent with the
-manifests' user and capabilities and its token from a file mounted where the manifests mount
-it; a hang in the trainer is named with its stack."""
+argument), and run: its `watchdog` is the checkout's, it takes a PostgreSQL URL (the postgres
+extra is in it), and the coordinator runs from it as the image's own non-root user. Then the
+example training pod's shape as a podman pod: the trainer and the agent sidecar share the pod's
+PID namespace and /dev/shm, the agent with the manifests' user and capabilities and its token
+from a file mounted where the manifests mount it; a hang in the trainer is named with its
+stack."""
 
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ def image(images: tuple[str, str]) -> str:
 def test_the_images_watchdog_is_the_checkouts(image: str) -> None:
     here = subprocess.run([*WATCHDOG, "--version"], capture_output=True, text=True, check=True)
     assert podman("run", "--rm", *RUN, image, "--version") == here.stdout
+
+
+def test_the_image_has_the_postgres_extra(image: str) -> None:
+    """A URL whose server is not there is a failure to reach it (1), not a usage error (2)
+    saying that the extra is missing."""
+    out = subprocess.run(["podman", "run", "--rm", *RUN, image, "incidents", "list", "--db",
+                          "postgresql://nobody@127.0.0.1:1/incidents"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "cannot reach the incident database" in out.stderr, out
 
 
 def test_the_coordinator_runs_from_the_image_as_its_non_root_user(image: str) -> None:

@@ -7,12 +7,13 @@ import dataclasses
 from pathlib import Path
 
 from tests.helpers.builders import JOB, T0, done, rank
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.model import NodeReport, RankState
 
 
 def hub(tmp_path: Path) -> Coordinator:
-    return Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy())
+    return Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy())
 
 
 def world_of(size: int, *ranks: int, **changes: object) -> list[RankState]:

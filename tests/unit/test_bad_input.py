@@ -5,6 +5,7 @@ line and a hint, exit 2 for usage and 1 for a failure: never a traceback. In thi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ MISSING = "missing/file"  # under the test's own directory, its working director
 # database once made the machine's root 0600), whose mode nothing may change.
 DIRECTORY = "./a-directory"
 UNREACHABLE = "127.0.0.1:1"  # refused at once: nothing listens on port 1
+SECRET = "hunter2"  # a password that must never be printed
+WITH_PASSWORD = f"postgresql://watchdog:{SECRET}@db.example/incidents"
+NO_SERVER = "postgresql://nobody@127.0.0.1:1/incidents"
 
 USAGE, ERROR = ExitCode.USAGE, ExitCode.ERROR
 WALK: list[tuple[list[str], int]] = [
@@ -28,17 +32,22 @@ WALK: list[tuple[list[str], int]] = [
     (["run", "--stall-timeout", "soon", "--", "true"], USAGE),
     (["run", "--bogus", "--", "true"], USAGE),
     (["run"], USAGE),
+    (["run", "--db", "mysql://watchdog@db.example/incidents", "--", "true"], USAGE),
+    (["run", "--db", DIRECTORY, "--", "true"], USAGE),
     (["launch", "--", MISSING], USAGE),
     (["launch", "--", DIRECTORY], USAGE),
     (["launch", "--bogus", "--", "true"], USAGE),
     (["demo", "--bogus"], USAGE),
+    (["demo", "--db", "sqlite:///incidents.db"], USAGE),
     (["agent", "--coordinator", "nohost:port"], USAGE),
     (["agent", "--beacon-dir", __file__], USAGE),
     (["agent", "--token-file", MISSING], USAGE),
     (["agent", "--interval", "0"], USAGE),
     (["agent", "--bogus"], USAGE),
     (["coordinator", "--listen", "127.0.0.1:port"], USAGE),
-    (["coordinator", "--db", DIRECTORY, "--listen", "127.0.0.1:0"], ERROR),
+    (["coordinator", "--db", DIRECTORY, "--listen", "127.0.0.1:0"], USAGE),
+    (["coordinator", "--db", WITH_PASSWORD, "--listen", "127.0.0.1:0"], USAGE),
+    (["coordinator", "--db", "postgresql://db.example:port/incidents"], USAGE),
     (["coordinator", "--token-file", MISSING], USAGE),
     (["coordinator", "--tls-cert", MISSING, "--tls-key", MISSING], USAGE),
     (["coordinator", "--bogus"], USAGE),
@@ -50,7 +59,10 @@ WALK: list[tuple[list[str], int]] = [
     (["status", "--ranks", "0-99999"], USAGE),
     (["incidents", "show"], USAGE),
     (["incidents", "show", "nope", "--db", "incidents.db"], ERROR),
-    (["incidents", "list", "--db", DIRECTORY], ERROR),
+    (["incidents", "list", "--db", DIRECTORY], USAGE),
+    (["incidents", "list", "--db", f"postgresql://watchdog:{SECRET}@[::1"], USAGE),
+    (["incidents", "list", "--db", f"{NO_SERVER}?sslmode=disable"], ERROR),
+    (["incidents", "list", "--db", ""], USAGE),
     (["incidents", "show", "nope", "--html", DIRECTORY], USAGE),
     (["incidents", "list", "--html", "page.html"], USAGE),
     (["incidents", "forget"], USAGE),
@@ -61,6 +73,7 @@ WALK: list[tuple[list[str], int]] = [
     (["check", "--nproc", "two"], USAGE),
     (["check", "--backend", "mpi"], USAGE),
     (["check", "--bogus"], USAGE),
+    (["check", "--db", "missing/file/"], USAGE),
     (["bogus"], USAGE),
 ]
 
@@ -90,6 +103,27 @@ def test_bad_input_is_one_line_and_a_hint(argv: list[str], expected: int, tmp_pa
     assert errors[0].startswith("watchdog"), captured.err
     assert errors[-1].startswith("  hint: "), captured.err
     assert captured.out == "", "a failure says so on stderr alone"
+    assert SECRET not in captured.err, "a password is never printed"
+
+
+@pytest.mark.parametrize("value", [WITH_PASSWORD.replace("postgresql", "mysql"), "postgresql://[x",
+                                   "./"])
+def test_a_bad_database_in_the_environment_is_a_usage_error(
+        value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WATCHDOG_DB", value)
+    assert exit_code(["incidents", "list"]) == USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("watchdog: $WATCHDOG_DB ") and "\n  hint: " in err
+    assert SECRET not in err
+
+
+def test_postgresql_without_the_extra_is_a_usage_error_that_says_how_to_install_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` fails, as uninstalled
+    assert exit_code(["incidents", "list", "--db", NO_SERVER]) == USAGE
+    err = capsys.readouterr().err
+    assert "PostgreSQL needs the postgres extra" in err
+    assert "hint: pip install 'torch-hang-watchdog[postgres]'" in err
 
 
 def test_the_walk_visits_every_subcommand() -> None:

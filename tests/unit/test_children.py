@@ -110,7 +110,7 @@ def test_a_child_gone_before_its_stack_is_taken_is_left_out(
 
 def test_a_child_that_runs_short_passes_of_its_own_shows_their_cpu() -> None:
     """A compiler driver (gcc) does its work in the passes it runs and waits for (cc1plus, as):
-    its own CPU is nil, theirs is counted once it reaped them."""
+    its own CPU is nil, theirs is counted, running or reaped."""
     spin = "import time\nend = time.process_time() + 0.15\nwhile time.process_time() < end: pass"
     driver = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys\n"

@@ -16,17 +16,18 @@ import pytest
 
 from tests.helpers.builders import JOB, T0, done, entered, exited, raised, rank, told
 from watchdog import metrics
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator import settle as settling
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.garbage_collection import FULL_EVERY, sparing_full_collections
 from watchdog.coordinator.node_silence import NODE_TIMEOUT_S
 from watchdog.coordinator.service import MAX_JOBS
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.model import EVERY_JOB, NodeReport, RankState
 
 
 def coordinator(tmp_path: Path, **policy: float) -> Coordinator:
-    return Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(**policy))
+    return Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(**policy))
 
 
 def report(node: str, *states: RankState) -> NodeReport:
@@ -48,7 +49,7 @@ def test_a_node_is_silent_after_three_missed_reports_and_unreachable_later(
 
 def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
         tmp_path: Path) -> None:
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(),
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(),
                       job_retention=60.0)
     hub.ingest(report("node-a", rank(0, job_id="old")), T0)
     for n in range(10):
@@ -136,8 +137,8 @@ def test_a_notice_ends_when_the_job_moves_on_stored_in_place_and_told(tmp_path: 
     ((said, lasted),) = ended
     assert said == {**notice, "ended_at": T0 + 30.0} and lasted == 30.0
     assert hub.judgements[JOB].incident == said and not hub.judgements[JOB].open
-    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == said  # the same row, its text replaced
+    (stored,) = SqliteStore(str(tmp_path / "incidents.db")).listed()
+    assert json.loads(stored.text) == said  # the same row, its text replaced
 
 
 def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
@@ -166,8 +167,8 @@ def test_a_hang_the_job_contradicts_is_marked_resumed_stored_counted_and_told(
     asyncio.run(scenario())
     ((said, lasted),) = ended
     assert said == {**hang, "resumed_at": T0 + 9.0} and lasted == 9.0
-    (text,) = IncidentStore(str(tmp_path / "incidents.db")).list_json()
-    assert json.loads(text) == said
+    (stored,) = SqliteStore(str(tmp_path / "incidents.db")).listed()
+    assert json.loads(stored.text) == said
     assert metrics.VERDICTS_RESUMED._value.get() == before + 1
     judged = hub.judgements[JOB]
     assert judged.incident == said and not judged.hung and not judged.hung_before
@@ -260,7 +261,7 @@ def test_a_job_still_hung_after_an_exit_is_told_once_and_never_when_let_go(
 def judge_exit(tmp_path: Path, settle: float, later: tuple[RankState, ...]) -> dict[str, Any]:
     """Rank 3 raised (node-a's report); `later` arrives from node-b 0.1 s after the coordinator
     began to judge it. The incident told, and within how long."""
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy(), tick=0.01)
     heard: list[dict[str, Any]] = []
     hub.listeners.append(heard.append)
 

@@ -44,7 +44,7 @@ def test_nothing_a_worker_sent_reaches_the_terminal_raw() -> None:
                         "nodes": ["n\x1b"], "ranks": hostile["ranks"], "verdict": hostile,
                         "flagged": [flag]}]}
     for text in (render_incident(hostile), render_status(status),
-                 render_incident_list([hostile])):
+                 render_incident_list([(hostile, "head\x1b]0;pwned\x07")])):
         assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
         assert "job\\x1b]0;pwned\\x07" in text
     assert "h\\x1b[31m" in render_status(status)

@@ -9,7 +9,8 @@ from typing import Any
 
 from agent.daemon import Agent
 from tests.helpers.builders import JOB, entered, incident, raised, rank, snapshot
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.incident import build_incident
 from watchdog.coordinator.verdict import decide
@@ -141,7 +142,7 @@ def test_the_closing_line_tells_each_attempt_torchrun_ran() -> None:
 
 def test_run_acts_on_an_exit_only_once_its_peers_still_wait(tmp_path: Path) -> None:
     out = io.StringIO()
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy())
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy())
     run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill"), out,
                Agent(None, str(tmp_path), "node"), hub)
     run.on_incident(EXITED)

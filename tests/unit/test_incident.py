@@ -291,10 +291,14 @@ def test_status_text_lists_jobs_ranks_and_verdict() -> None:
 def test_incident_list_a_header_and_one_line_each() -> None:
     record = incident()
     assert render_incident_list([]) == "no incidents"
-    header, line, _ = render_incident_list([record, record]).splitlines()
-    assert header == "ID            DETECTED             JOB            KIND           SUMMARY"
-    expected = "9c1e04d2b7aa  2025-12-02 12:00:45  torchrun-4f2a  MISSING_RANKS  rank 1 "
+    header, line, unnamed = render_incident_list([(record, "head:29450"),
+                                                  (record, "")]).splitlines()
+    assert header == ("ID            DETECTED             JOB            KIND           "
+                      "COORDINATOR  SUMMARY")
+    expected = ("9c1e04d2b7aa  2025-12-02 12:00:45  torchrun-4f2a  MISSING_RANKS  head:29450   "
+                "rank 1 ")
     assert line.startswith(expected)
+    assert unnamed.startswith(expected.replace("head:29450", "-         "))
 
 
 def test_barrier_trap_renders_both_stacks_apart() -> None:

@@ -14,7 +14,7 @@ OWN = ("watchdog", "agent")
 # What a training rank must never load: the hook runs inside user code, beside fork().
 NEVER_IN_TRAINING = ("grpc", "google.protobuf", "agent", "watchdog.transport",
                      "watchdog.coordinator", "watchdog.cli", "watchdog.supervise", "sqlite3",
-                     "asyncio", "prometheus_client", "watchdog.metrics")
+                     "psycopg", "asyncio", "prometheus_client", "watchdog.metrics")
 # What the agent may use of `watchdog`: the modules shared by design (agent/__init__.py).
 AGENT_MAY_USE = ("watchdog.beacon", "watchdog.beacondir", "watchdog.env", "watchdog.errors",
                  "watchdog.frames", "watchdog.model", "watchdog.explain", "watchdog.transport",

@@ -21,8 +21,9 @@ from tests.helpers.builders import (
     incident,
     with_children,
 )
-from watchdog.coordinator import Coordinator, IncidentStore
+from watchdog.coordinator import Coordinator
 from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.verdict import decide
 from watchdog.model import Frame
@@ -141,7 +142,8 @@ def test_every_worker_string_is_escaped_on_every_page() -> None:
     record = hostile_incident()
     job = {"job_id": HOSTILE, "state": "HUNG", "world_size": 4, "nodes": [HOSTILE],
            "ranks": record["ranks"], "verdict": record}
-    for page in (incident_html(record), job_page(job), jobs_page({"jobs": [job]}, [record])):
+    for page in (incident_html(record), job_page(job),
+                 jobs_page({"jobs": [job]}, [(record, HOSTILE)])):
         assert "<script" not in page.lower()
         assert SHOWN in page
         assert "\x1b" not in page
@@ -222,7 +224,7 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
     page = tmp_path / "hang.html"
     out = io.StringIO()
     agent = Agent(None, str(tmp_path), "node")
-    hub = Coordinator(IncidentStore(str(tmp_path / "incidents.db")), StallPolicy())
+    hub = Coordinator(SqliteStore(str(tmp_path / "incidents.db")), StallPolicy())
     run = _Run(RunOptions(["job"], StallPolicy(), on_hang="kill", report_html=str(page)), out,
                agent, hub)
     notice = dict(incident(), id="n1", severity="notice", summary="rank 0 busy")

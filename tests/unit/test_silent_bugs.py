@@ -18,7 +18,7 @@ from agent.rankstate import check_evidence
 from tests.helpers.builders import JOB, T0, done, entered, rank
 from tests.helpers.recorders import ddp_linear, recorder, steps
 from watchdog.beacon import CHECK_NAMES, open_beacon, read_beacon
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator.silent_bugs import (
     NO_SYNC_STEPS,
     SETTLE_S,
@@ -26,6 +26,8 @@ from watchdog.coordinator.silent_bugs import (
     duplicated,
     replica_culprits,
 )
+from watchdog.coordinator.sqlite_store import SqliteStore
+from watchdog.coordinator.store import Retention
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.model import EVERY_JOB, CheckEvidence, JobSnapshot, Kind, NodeReport, RankState
 from watchdog.report.terminal import render_status
@@ -154,7 +156,7 @@ def test_no_grad_sync_waits_for_every_rank_or_the_settle_time() -> None:
 
 def coordinator(tmp_path: Path) -> Coordinator:
     """One whose store keeps incidents dated T0 beside those dated by the clock (stacks')."""
-    store = IncidentStore(str(tmp_path / "incidents.db"), keep_days=36500)
+    store = SqliteStore(str(tmp_path / "incidents.db"), Retention(days=36500))
     return Coordinator(store, StallPolicy(fixed=5.0))
 
 
@@ -190,7 +192,7 @@ def test_a_warning_is_stored_and_said_once_and_never_hides_a_later_hang(
     assert warning["finding"]["step"] == FIRST_CHECK and warning["finding"]["fix"]
     assert (hang["kind"], hang["severity"], hang["culprit_ranks"]) == ("MISSING_RANKS", "hang",
                                                                         [1])
-    stored = [json.loads(text) for text in hub.store.list_json()]
+    stored = [json.loads(stored.text) for stored in hub.store.listed()]
     assert [i["kind"] for i in stored] == ["MISSING_RANKS", "REPLICA_DESYNC"]
     (job,) = json.loads(hub.status_json(EVERY_JOB))["jobs"]
     assert (job["state"], job["verdict"]["kind"]) == ("HUNG", "MISSING_RANKS")

@@ -19,7 +19,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from watchdog.cli import options
 from watchdog.cli.rendezvous import (
@@ -35,6 +35,9 @@ from watchdog.demo import MINIMAL_PREFIX, MINIMAL_SCRIPT, MINIMAL_STEPS
 from watchdog.errors import ExitCode
 from watchdog.explain.advice import ADVICE
 from watchdog.schema import Incident
+
+if TYPE_CHECKING:
+    from watchdog.coordinator.database import Database
 
 EXPLAINED_FINDINGS = 6
 
@@ -63,8 +66,9 @@ class CheckCommand:
                             "--master-addr, --master-port, --rdzv-endpoint, ...)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.coordinator import default_db_path
+        from watchdog.coordinator.database import database_of
 
+        database = database_of(args.db)
         torchrun_args = list(args.torchrun_args[1:] if args.torchrun_args[:1] == ["--"]
                              else args.torchrun_args)
         rendezvous = rendezvous_of(torchrun_args, os.environ)
@@ -77,7 +81,7 @@ class CheckCommand:
             return ExitCode.ERROR
         backend, nproc = _backend_and_nproc(args.backend, args.nproc)
         return asyncio.run(_run_job(backend, nproc, rendezvous, torchrun_args, args.timeout,
-                                    args.db or default_db_path(), out))
+                                    database, out))
 
 
 def _backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int]:
@@ -99,7 +103,7 @@ def _print_check(check: Check, out: TextIO) -> None:
 
 
 async def _run_job(backend: str, nproc: int, rendezvous: Rendezvous, torchrun_args: list[str],
-                   timeout: float, db_path: str, out: TextIO) -> int:
+                   timeout: float, database: Database, out: TextIO) -> int:
     from watchdog.coordinator import StallPolicy
     from watchdog.supervise.embedded import RunOptions, run_job
 
@@ -115,7 +119,7 @@ async def _run_job(backend: str, nproc: int, rendezvous: Rendezvous, torchrun_ar
     out.flush()
     policy = StallPolicy(floor=min(10.0, timeout), warmup=timeout)
     incidents: list[Incident] = []
-    run_options = RunOptions(cmd, policy, on_hang="kill", db_path=db_path, job_log=log,
+    run_options = RunOptions(cmd, policy, on_hang="kill", database=database, job_log=log,
                              time_limit=2 * timeout + 30)
     code = await run_job(run_options, out, incidents)
     return report(code, nproc, _read_steps(log), incidents, log, out)

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import TYPE_CHECKING
 
 from watchdog.cli import options
 from watchdog.coordinator.service import JOB_RETENTION_S
-from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS, KEEP_MIB
-from watchdog.env import DEFAULT_ADDRESS
+from watchdog.coordinator.store import KEEP_COUNT, KEEP_DAYS, KEEP_MIB, first_line
+from watchdog.env import DEFAULT_ADDRESS, short_hostname, split_address
 from watchdog.errors import UsageError
 
 if TYPE_CHECKING:
     from watchdog.coordinator import Coordinator
+    from watchdog.coordinator.database import Database
     from watchdog.web import WebAuth, WebView
+
+log = logging.getLogger(__name__)
 
 
 class CoordinatorCommand:
@@ -68,20 +72,29 @@ class CoordinatorCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from watchdog.cli.daemons import Vitals, daemon_services
-        from watchdog.coordinator import Coordinator, IncidentStore, default_db_path
+        from watchdog.coordinator import Coordinator, store_for
+        from watchdog.coordinator.database import database_of
         from watchdog.coordinator.gauges import keep_sampled
+        from watchdog.coordinator.store import Retention
         from watchdog.coordinator.webhook import Webhooks
+        from watchdog.errors import StoreUnavailableError
         from watchdog.transport import Health, server_security, start_server
         from watchdog.transport.roles import role_tokens
         from watchdog.web import WebAuth
 
+        database = database_of(args.db)
         security = server_security(
             args.token_file, args.tls_cert, args.tls_key, args.tls_client_ca,
             {role: getattr(args, f"{role}_token_file")
              for role in ("agent", "reader", "control")})
-        store = IncidentStore(args.db or default_db_path(), args.keep, args.keep_days,
-                              keep_bytes=args.keep_mib << 20)
-        store.open()
+        store = store_for(database, Retention(args.keep, args.keep_days, args.keep_mib << 20),
+                          coordinator=_name(args.listen))
+        try:
+            store.open()
+        except StoreUnavailableError as e:
+            # A server that is not up yet (a machine booting, a failover): refusing to start
+            # would leave every job unwatched, and a supervisor restarting it in a loop.
+            log.error("%s; incidents are logged, kept and stored once it answers", first_line(e))
         coordinator = Coordinator(store, options.stall_policy(args),
                                   job_retention=args.job_retention)
         webhooks = Webhooks(args.notify_webhook)
@@ -94,14 +107,14 @@ class CoordinatorCommand:
         async def serve(stop: asyncio.Event) -> None:
             health = await Health.create()
             server, port = await start_server(coordinator, args.listen, security, health)
-            status = f"listening on {args.listen} (port {port}), incidents in {store.path}"
+            status = f"listening on {args.listen} (port {port}), incidents in {store.where}"
             web = None
             try:
                 async with daemon_services(stop, Vitals(lambda: coordinator.heartbeat), status,
                                            health, args.health_listen, args.metrics_listen):
                     print(f"watchdog coordinator {status}", file=sys.stderr, flush=True)
                     if web_auth is not None:
-                        web = _start_web(args, coordinator, web_auth, store.path)
+                        web = _start_web(args, coordinator, web_auth, database)
                     sampled = [keep_sampled(coordinator, stop)] if args.metrics_listen else []
                     await asyncio.gather(coordinator.run(stop), *sampled)
             finally:
@@ -124,11 +137,17 @@ def _webhook_url(text: str) -> str:
         raise argparse.ArgumentTypeError(e.args[0]) from None
 
 
+def _name(listen: str) -> str:
+    """How the incidents it stores name this coordinator: its host, and the port that tells
+    two coordinators of one host apart."""
+    return f"{short_hostname()}:{split_address(listen)[1]}"
+
+
 def _start_web(args: argparse.Namespace, coordinator: Coordinator, auth: WebAuth,
-               db_path: str) -> WebView:
+               database: Database) -> WebView:
     from watchdog.web import CoordinatorSource, WebView, tls_context
 
-    source = CoordinatorSource(coordinator, asyncio.get_running_loop(), db_path)
+    source = CoordinatorSource(coordinator, asyncio.get_running_loop(), database)
     web = WebView(args.web_listen, source, auth, tls_context(args.tls_cert, args.tls_key))
     web.start()
     scheme = "https" if args.tls_cert else "http"

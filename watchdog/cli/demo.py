@@ -12,11 +12,15 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from watchdog.cli import options
 from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import ExitCode, WatchdogError
 from watchdog.report.terminal import use_color
+
+if TYPE_CHECKING:
+    from watchdog.coordinator.database import Database
 
 DEMO_STALL_TIMEOUT_S = 5.0
 FAULT_STEP = 6  # the loop's index, from 0, at which rank 2's next read blocks
@@ -34,9 +38,9 @@ class DemoCommand:
         options.add_db_option(p)
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.coordinator import default_db_path
+        from watchdog.coordinator.database import database_of
 
-        return run_demo(args.db or default_db_path(), use_color(sys.stderr))
+        return run_demo(database_of(args.db), use_color(sys.stderr))
 
 
 def free_port() -> int:
@@ -53,7 +57,7 @@ def torchrun_command(nproc: int, *train_args: str, launcher: Sequence[str] = (),
             f"--master_port={free_port()}", *launcher, script, *train_args]
 
 
-def run_demo(db_path: str, color: bool) -> int:
+def run_demo(database: Database, color: bool) -> int:
     from watchdog.coordinator import StallPolicy
     from watchdog.supervise.embedded import RunOptions, run_job
 
@@ -73,13 +77,13 @@ def run_demo(db_path: str, color: bool) -> int:
     # The job's own output (torchrun's shutdown traceback among it) would bury the diagnosis.
     job_log = os.path.join(tempfile.gettempdir(), f"watchdog-demo-{os.getpid()}.log")
     run_options = RunOptions(cmd, StallPolicy(fixed=DEMO_STALL_TIMEOUT_S), on_hang="kill",
-                             db_path=db_path, color=color, job_log=job_log)
+                             database=database, color=color, job_log=job_log)
     code = asyncio.run(run_job(run_options, out=sys.stdout))
     if code != ExitCode.HANG_KILLED:
         print(f"watchdog demo: the job ended with exit code {code} before a diagnosis; the end "
               f"of its output ({job_log}):")
         print("".join(Path(job_log).read_text(errors="replace").splitlines(True)[-20:]))
         return ExitCode.ERROR
-    print(f"\nThe job's own output is in {job_log}.\nThe incident is stored in {db_path}: "
+    print(f"\nThe job's own output is in {job_log}.\nThe incident is stored in {database}: "
           "`watchdog incidents list` shows it.")
     return ExitCode.OK

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from watchdog.cli import options
 from watchdog.errors import UsageError, WatchdogError
 from watchdog.report.terminal import render_incident, render_incident_list, use_color
 from watchdog.schema import Incident
+
+if TYPE_CHECKING:
+    from watchdog.coordinator import IncidentStore
 
 
 class IncidentsCommand:
@@ -32,34 +37,37 @@ class IncidentsCommand:
         options.add_db_option(p)
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.coordinator import IncidentStore, default_db_path
+        from watchdog.coordinator import store_for
+        from watchdog.coordinator.database import database_of
 
+        database = database_of(args.db)
         if args.html and args.action != "show":
             raise UsageError("--html goes with `incidents show ID`",
                              hint="watchdog incidents show ID --html report.html")
-        store = IncidentStore(args.db or default_db_path())
-        try:
+        if args.action == "show" and not args.id:
+            raise UsageError("incidents show needs an incident id",
+                             hint="`watchdog incidents list` shows them")
+        with contextlib.closing(store_for(database)) as store:
             if args.action == "show":
-                if not args.id:
-                    raise UsageError("incidents show needs an incident id",
-                                     hint="`watchdog incidents list` shows them")
-                body = store.get_json(args.id)
-                if body is None:
-                    raise WatchdogError(f"no incident {args.id} in {store.path}",
-                                        hint="`watchdog incidents list` shows the ids; --db "
-                                             "names another database")
-                if args.html:
-                    _write_html(args.html, json.loads(body))
-                else:
-                    print(body if args.json else render_incident(json.loads(body),
-                                                                 use_color(sys.stdout)))
+                _show(store, args)
             elif args.json:
-                print("[" + ", ".join(store.list_json()) + "]")
+                print("[" + ", ".join(stored.text for stored in store.listed()) + "]")
             else:
-                print(render_incident_list([json.loads(b) for b in store.list_json()]))
-        finally:
-            store.close()
+                print(render_incident_list([(json.loads(stored.text), stored.coordinator)
+                                            for stored in store.listed()]))
         return 0
+
+
+def _show(store: IncidentStore, args: argparse.Namespace) -> None:
+    body = store.get_json(args.id)
+    if body is None:
+        raise WatchdogError(f"no incident {args.id} in {store.where}",
+                            hint="`watchdog incidents list` shows the ids; --db names another "
+                                 "database")
+    if args.html:
+        _write_html(args.html, json.loads(body))
+    else:
+        print(body if args.json else render_incident(json.loads(body), use_color(sys.stdout)))
 
 
 def _write_html(path: str, incident: Incident) -> None:

@@ -71,10 +71,13 @@ def stall_policy(args: argparse.Namespace) -> StallPolicy:
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="PATH",
-                   help="incident database (default: $WATCHDOG_DB, else /var/lib/torch-hang-"
-                        "watchdog/incidents.db as root, ~/.local/state/torch-hang-watchdog/"
-                        "incidents.db for other users)")
+    p.add_argument("--db", metavar="PATH|URL",
+                   help="incident database: a SQLite file, or a postgresql:// URL that several "
+                        "coordinators share (the postgres extra; the password not here but in "
+                        "~/.pgpass, $PGPASSFILE or $PGPASSWORD) (default: $WATCHDOG_DB, else "
+                        "$STATE_DIRECTORY/incidents.db in a systemd unit that has one, else "
+                        "/var/lib/torch-hang-watchdog/incidents.db as root, ~/.local/state/"
+                        "torch-hang-watchdog/incidents.db for other users)")
 
 
 def add_token_option(p: argparse.ArgumentParser) -> None:

@@ -46,11 +46,11 @@ class RunCommand:
         p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
 
     def run(self, args: argparse.Namespace) -> int:
-        from watchdog.coordinator import default_db_path
+        from watchdog.coordinator.database import database_of
         from watchdog.supervise.embedded import RunOptions, run_job
 
         run_options = RunOptions(args.cmd, options.stall_policy(args), args.on_hang,
-                                 args.report, args.report_html, args.db or default_db_path(),
+                                 args.report, args.report_html, database_of(args.db),
                                  use_color(sys.stderr), args.native,
                                  metrics_listen=args.metrics_listen, framed=True)
         return asyncio.run(run_job(run_options))

@@ -3,6 +3,6 @@ jobs, detects stalls, decides the verdict with a pure function, stores and annou
 
 from watchdog.coordinator.service import Coordinator
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.coordinator.store import IncidentStore, default_db_path
+from watchdog.coordinator.store import IncidentStore, store_for
 
-__all__ = ["Coordinator", "IncidentStore", "StallPolicy", "default_db_path"]
+__all__ = ["Coordinator", "IncidentStore", "StallPolicy", "store_for"]

@@ -1,31 +1,31 @@
 """Incidents reach the database from a thread, and none is lost while it fails (coordinator
 process).
 
-SQLite blocks: on a locked database, for its whole busy timeout. The event loop never waits for
-it: every call runs in one thread of its own. An incident the database refuses is kept, in
-order, and stored when the database works again (retried every RETRY_S); meanwhile it is
-printed and acted on like any other. It is also written at once to a file beside the database
-(`IncidentStore.spill`), which the next process to open the database stores: a coordinator
-killed while the database fails loses none of what it printed.
+A database blocks: SQLite on a locked file for its whole busy timeout, PostgreSQL on a server
+that is slow to answer. The event loop never waits for it: every call runs in one thread of
+its own. An incident the database refuses is kept, in order, and stored when the database works
+again (retried every RETRY_S); meanwhile it is printed and acted on like any other. It is also
+written at once to the store's spill file (`IncidentStore.spill`), which the next process to
+open the database stores: a coordinator killed while the database fails loses none of what it
+printed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from watchdog.coordinator.store import IncidentStore
+from watchdog.coordinator.store import IncidentStore, first_line
 from watchdog.errors import WatchdogError
 from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0
-_FAILURES = (sqlite3.Error, OSError, WatchdogError)
+_FAILURES = (OSError, WatchdogError)
 T = TypeVar("T")
 
 
@@ -56,13 +56,13 @@ class IncidentSaver:
                 except _FAILURES as e:
                     if not self._failing:
                         log.error("cannot store incidents in %s: %s; keeping them and retrying "
-                                  "every %.0fs", self.store.path, str(e).split("\n")[0], RETRY_S)
+                                  "every %.0fs", self.store.where, first_line(e), RETRY_S)
                     self._failing = True
                     await self._keep_aside()
                     return False
             if self._failing:
                 log.info("the incident database %s works again: stored what was pending",
-                         self.store.path)
+                         self.store.where)
                 self._failing = False
             return True
 
@@ -103,7 +103,7 @@ class IncidentSaver:
         try:
             return await self._call(fn, *args)
         except _FAILURES as e:
-            log.warning("cannot read %s: %s", self.store.path, str(e).split("\n")[0])
+            log.warning("cannot read %s: %s", self.store.where, first_line(e))
             return failed
 
     async def retry_until(self, stop: asyncio.Event) -> None:
@@ -122,10 +122,10 @@ class IncidentSaver:
             try:
                 await self._call(self.store.spill, self.pending[self._aside:])
                 log.error("%d incidents could not be stored in %s yet: kept in %s, stored the "
-                          "next time it opens", len(self.pending), self.store.path,
+                          "next time it opens", len(self.pending), self.store.where,
                           self.store.spill_path)
             except OSError as e:
                 log.error("%d incidents could not be stored in %s: %s", len(self.pending),
-                          self.store.path, e)
+                          self.store.where, e)
         await self._call(self.store.close)
         self._executor.shutdown(wait=True)

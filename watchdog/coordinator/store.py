@@ -1,9 +1,12 @@
-"""Incident history in SQLite (coordinator process, and the CLI reading it back).
+"""The incident store's interface (coordinator process, and the CLI reading it back), and the one
+place that picks its backend from what `--db` names (`store_for`): `sqlite_store` (a file, the
+default) or `postgres_store` (a server that several coordinators share).
 
 An incident is stored as the exact JSON text that was reported, so what `watchdog incidents`
 prints later is byte-identical to what the coordinator emitted (a notice is emitted twice: when
-said, and with `ended_at` once its rank moved on; the row holds the latest). The coordinator
-reaches it only from a thread (`persist`), never from its event loop.
+said, and with `ended_at` once its rank moved on; the row holds the latest), beside the name of
+the coordinator that stored it first. The coordinator reaches it only from a thread
+(`persist`), never from its event loop.
 """
 
 from __future__ import annotations
@@ -12,143 +15,116 @@ import contextlib
 import fcntl
 import json
 import logging
-import math
 import os
-import sqlite3
-import stat
-import time
-from collections.abc import Collection
-from pathlib import Path
-
-from watchdog.errors import WatchdogError
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from watchdog.coordinator.database import POSTGRES, Database
+from watchdog.errors import SchemaTooNewError, StoreError
 from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 
-DB_ENV = "WATCHDOG_DB"
 KEEP_COUNT = 10_000
 KEEP_DAYS = 90.0
 # A quarter of the 1 GiB volume the Kubernetes example gives the coordinator: room for the WAL,
 # and for the incidents that `KEEP_COUNT` allows, unless they are huge.
 KEEP_MIB = 256
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    id TEXT PRIMARY KEY,
-    job_id TEXT NOT NULL,
-    detected_at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at);
-CREATE INDEX IF NOT EXISTS incidents_job ON incidents (job_id, detected_at);
-"""
-
-
-def default_db_path() -> str:
-    """$WATCHDOG_DB, else a system path for root and a per-user state path otherwise."""
-    explicit = os.environ.get(DB_ENV)
-    if explicit:
-        return explicit
-    if os.geteuid() == 0:
-        return "/var/lib/torch-hang-watchdog/incidents.db"
-    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(state, "torch-hang-watchdog", "incidents.db")
+# The table that says which of a backend's MIGRATIONS a database has had (the same in both).
+SCHEMA_TABLE = "incidents_schema"
 
 
 def incident_json(incident: Incident) -> str:
     return json.dumps(incident, separators=(", ", ": "))
 
 
-class IncidentStore:
-    """Incidents by id; retention keeps the newest `keep_count`, none older than `keep_days`,
-    and the database's pages in use within `keep_bytes` (the newest incident is always kept).
+@dataclass(frozen=True)
+class Stored:
+    text: str  # the incident's JSON, exactly as it was reported
+    coordinator: str  # the coordinator that stored it first ("" before that was recorded)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The newest `count` incidents, none older than `days`, and within `bytes` (the newest
+    incident is always kept)."""
+
+    count: int = KEEP_COUNT
+    days: float = KEEP_DAYS
+    bytes: int = KEEP_MIB << 20
+
+
+DEFAULT_RETENTION = Retention()
+
+
+def store_for(database: Database, retention: Retention = DEFAULT_RETENTION,
+              coordinator: str = "") -> IncidentStore:
+    """The store of `database`, not opened yet; `coordinator` names the one that stores into
+    it (a reader leaves it empty)."""
+    if database.kind == POSTGRES:
+        from watchdog.coordinator.postgres_store import PostgresStore
+
+        return PostgresStore(database.target, retention, coordinator=coordinator)
+    from watchdog.coordinator.sqlite_store import SqliteStore
+
+    return SqliteStore(database.target, retention, coordinator=coordinator)
+
+
+class IncidentStore(ABC):
+    """Incidents by id, within a `Retention`.
 
     The database is opened on first use (`open` opens it at once), so a coordinator can start,
-    and print incidents, while it is locked or unreachable. The file, its WAL and shared-memory
-    files are the owner's alone (0600): incidents hold every rank's stacks and log lines. A
-    locked database fails after `busy_timeout` seconds; the coordinator calls from a thread of
-    its own, which may differ from the one that made the store.
+    and print incidents, while it is locked or unreachable; opening it creates or migrates its
+    schema. Its failures are StoreErrors: a call waits at most about `busy_timeout` seconds for
+    a busy or silent database. The coordinator calls from a thread of its own, which may differ
+    from the one that made the store.
+
+    Incidents the database refused wait, in order, in a file (`spill_path`: JSON lines, 0600)
+    that the next process to open the database stores, before anything else it does there.
     """
 
-    def __init__(self, path: str, keep_count: int = KEEP_COUNT,
-                 keep_days: float = KEEP_DAYS, busy_timeout: float = 1.0,
-                 keep_bytes: int = KEEP_MIB << 20) -> None:
-        self.path = path
-        self.keep_count = keep_count
-        self.keep_days = keep_days
-        self.keep_bytes = keep_bytes
-        self.busy_timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
+    busy_timeout: float
+    where: str  # the database, fit to print and log: a path, or a URL without its password
+    spill_path: str
+
+    def __init__(self, retention: Retention, coordinator: str) -> None:
+        self.retention = retention
+        self.coordinator = coordinator
         self._spill_taken = False
 
     def open(self) -> None:
-        """Open the database now: WatchdogError, with a hint, when it cannot be."""
-        self._db()
+        """Open the database now: StoreError, with a hint, when it cannot be."""
+        self._ready()
 
-    def _db(self) -> sqlite3.Connection:
-        """The connection, opened on first use; incidents spilled by an earlier process (or a
-        running coordinator whose database fails) are stored once, before anything else is done
-        with it. While they cannot be, they are tried again on each use, and reading goes on."""
-        conn = self._connect()
+    def add(self, incident: Incident) -> None:
+        """Persist one incident: one row per id. Adding an id again stores its newer text in
+        place (a notice that ended gains `ended_at`); the same text again changes nothing."""
+        self._add(incident, self.coordinator)
+
+    def _add(self, incident: Incident, coordinator: str) -> None:
+        self._ready()
+        self._upsert(incident, incident_json(incident), coordinator)
+        self._prune(now=float(incident["detected_at"]))
+
+    def _ready(self) -> None:
+        """Connected, with incidents spilled by an earlier process (or a running coordinator
+        whose database fails) stored once, before anything else is done with it. While they
+        cannot be, they are tried again on each use, and reading goes on."""
+        self._connect()
         if not self._spill_taken:
             self._spill_taken = True  # set first: storing them comes back here
             try:
                 self._take_spilled()
-            except (OSError, sqlite3.Error) as e:
+            except (OSError, StoreError) as e:
                 self._spill_taken = False
-                log.warning("cannot store the incidents kept in %s yet: %s", self.spill_path, e)
-        return conn
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is not None:
-            return self._conn
-        try:
-            try:
-                conn = self._open_connection()
-            except sqlite3.DatabaseError as e:
-                if e.sqlite_errorcode not in _DAMAGED:
-                    raise
-                self._move_aside(e)
-                conn = self._open_connection()
-        except (OSError, sqlite3.Error) as e:
-            raise WatchdogError(f"cannot open the incident database {self.path}: {e}",
-                                hint="pass --db PATH to a writable location") from e
-        self._conn = conn
-        return conn
-
-    def _open_connection(self) -> sqlite3.Connection:
-        _make_private(self.path)
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout,
-                               check_same_thread=False)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-        except sqlite3.Error:
-            conn.close()
-            raise
-        return conn
-
-    def _move_aside(self, error: sqlite3.DatabaseError) -> None:
-        """A damaged database is kept, renamed, for whoever wants to rescue it, and a new one
-        takes its place: refusing to start would make a supervised coordinator a crash loop
-        that stores nothing at all."""
-        aside = f"{self.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-        for suffix in ("", "-wal", "-shm"):
-            try:
-                os.rename(self.path + suffix, aside + suffix)
-            except FileNotFoundError:
-                continue
-        log.error("the incident database %s is damaged (%s): moved aside to %s; storing "
-                  "incidents in a new one", self.path, error, aside)
-
-    @property
-    def spill_path(self) -> str:
-        return f"{self.path}.pending"
+                log.warning("cannot store the incidents kept in %s yet: %s", self.spill_path,
+                            str(e).splitlines()[0])
 
     def spill(self, incidents: list[Incident]) -> None:
-        """Keep incidents the database refused in a file beside it (JSON lines, 0600): the next
-        process that opens the database stores them."""
+        """Keep incidents the database refused in the spill file (made 0600, in a directory
+        made 0700): the next process that opens the database stores them, as stored by this
+        store's coordinator."""
+        os.makedirs(os.path.dirname(self.spill_path) or ".", mode=0o700, exist_ok=True)
         while True:
             fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                          0o600)
@@ -156,14 +132,15 @@ class IncidentStore:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_nlink == 0:
                     continue  # taken and removed while we waited: a new file, then
-                f.writelines(incident_json(incident) + "\n" for incident in incidents)
+                f.writelines(json.dumps({"coordinator": self.coordinator, "incident": incident},
+                                        separators=(",", ":")) + "\n" for incident in incidents)
                 f.flush()
                 os.fsync(fd)
                 return
 
     def take_spilled(self) -> None:
         """Store the incidents an earlier process, or this one, kept aside, and remove them."""
-        self._db()
+        self._ready()
         self._take_spilled()
 
     def _take_spilled(self) -> None:
@@ -181,112 +158,96 @@ class IncidentStore:
     def _add_lines(self, lines: list[str]) -> None:
         for line in lines:
             try:
-                incident: Incident = json.loads(line)
+                kept = json.loads(line)
             except ValueError:
                 continue  # a line cut short when the disk filled up
-            self.add(incident)
+            if "incident" in kept:
+                self._add(kept["incident"], kept["coordinator"])
+            else:  # a bare incident, as earlier releases kept them
+                self._add(kept, "")
 
-    def add(self, incident: Incident) -> None:
-        """Persist one incident: one row per id. Adding an id again stores its newer text in
-        place (a notice that ended gains `ended_at`); the same text again changes nothing."""
-        self._db().execute(
-            "INSERT INTO incidents (id, job_id, detected_at, kind, body) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-            (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
-             incident_json(incident)))
-        self.prune(now=float(incident["detected_at"]))
+    def _migrate(self, migrations: Sequence[Sequence[str]]) -> None:
+        """Bring the database to the newest of `migrations` (step N takes it from version N to
+        N + 1; none recorded is version 0), under the backend's lock so that one process
+        migrates and the others find it done. SchemaTooNewError for a newer version: a
+        release that does not know a table's columns must not write it."""
+        newest = len(migrations)
+        found = self._schema_version()
+        if found < newest:
+            with self._schema_lock():
+                found = self._schema_version()
+                for step in migrations[found:]:
+                    for statement in step:
+                        self._execute(statement)
+                if found < newest:
+                    self._execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} "
+                                  "(version INTEGER NOT NULL)")
+                    self._execute(f"DELETE FROM {SCHEMA_TABLE}")
+                    self._execute(f"INSERT INTO {SCHEMA_TABLE} (version) VALUES ({newest})")
+                    log.info("the incident database %s: schema version %d -> %d", self.where,
+                             found, newest)
+                    found = newest
+        if found > newest:
+            raise SchemaTooNewError(f"the incident database {self.where} has schema version "
+                                    f"{found}; this torch-hang-watchdog knows up to {newest}")
 
-    def prune(self, now: float) -> None:
+    # -- what each backend does; its database's failures raise StoreError --
+
+    @abstractmethod
+    def _connect(self) -> None:
+        """Connect, unless connected, and migrate the schema (`_migrate`)."""
+
+    @abstractmethod
+    def _schema_version(self) -> int:
+        """The version SCHEMA_TABLE records; 0 where it records none."""
+
+    @abstractmethod
+    def _schema_lock(self) -> contextlib.AbstractContextManager[None]:
+        """A transaction that no other process migrating the database runs beside."""
+
+    @abstractmethod
+    def _execute(self, statement: str) -> None: ...
+
+    @abstractmethod
+    def _upsert(self, incident: Incident, text: str, coordinator: str) -> None:
+        """Insert the row of `incident` (`text`), or replace its text; the coordinator that
+        stored it first stays."""
+
+    @abstractmethod
+    def _prune(self, now: float) -> None:
         """Drop incidents beyond the retention limits (older ones first)."""
-        db = self._db()
-        db.execute("DELETE FROM incidents WHERE detected_at < ?", (now - self.keep_days * 86400,))
-        # Both through the index on detected_at: a store of many incidents prunes in log time.
-        beyond = db.execute("SELECT detected_at FROM incidents ORDER BY detected_at DESC "
-                            "LIMIT 1 OFFSET ?", (self.keep_count,)).fetchone()
-        if beyond is not None:
-            db.execute("DELETE FROM incidents WHERE detected_at <= ?", beyond)
-        self._prune_bytes(db)
 
-    def _prune_bytes(self, db: sqlite3.Connection) -> None:
-        """Drop the oldest incidents while the database's pages in use hold more than
-        `keep_bytes`; never the newest. Counted in pages, the whole of what the file holds (the
-        indexes too) is bounded, and the check is three pragmas that read no row."""
-        while (used := _used_bytes(db)) > self.keep_bytes:
-            (count,) = db.execute("SELECT COUNT(*) FROM incidents").fetchone()
-            if count <= 1:
-                return
-            # At the average size, the oldest rows that hold the excess: one statement, rather
-            # than one a row, when one huge incident arrives in a store of small ones.
-            doomed = min(count - 1, math.ceil(count * (used - self.keep_bytes) / used))
-            db.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM incidents "
-                       "ORDER BY detected_at LIMIT ?)", (doomed,))
-
+    @abstractmethod
     def used_bytes(self) -> int:
-        """The bytes of the database's pages in use, which `keep_bytes` bounds."""
-        return _used_bytes(self._db())
+        """What `Retention.bytes` bounds."""
 
-    def list_json(self, limit: int = 100) -> list[str]:
-        """Stored incident texts, newest first."""
-        rows = self._db().execute(
-            "SELECT body FROM incidents ORDER BY detected_at DESC LIMIT ?", (limit,))
-        return [body for (body,) in rows]
+    @abstractmethod
+    def listed(self, limit: int = 100) -> list[Stored]:
+        """Stored incidents, newest first."""
 
+    @abstractmethod
+    def get_json(self, incident_id: str) -> str | None: ...
+
+    @abstractmethod
     def latest_json(self, job_id: str, kinds: Collection[str]) -> str | None:
         """The newest incident of one job among those of `kinds`."""
-        marks = ",".join("?" * len(kinds))
-        row = self._db().execute(
-            f"SELECT body FROM incidents WHERE job_id = ? AND kind IN ({marks}) "
-            "ORDER BY detected_at DESC LIMIT 1", (job_id, *kinds)).fetchone()
-        return None if row is None else str(row[0])
 
+    @abstractmethod
     def kind_json(self, job_id: str, kind: str) -> list[str]:
         """Every incident of one kind in one job, newest first."""
-        rows = self._db().execute(
-            "SELECT body FROM incidents WHERE job_id = ? AND kind = ? ORDER BY detected_at DESC",
-            (job_id, kind))
-        return [body for (body,) in rows]
 
-    def get_json(self, incident_id: str) -> str | None:
-        row = self._db().execute("SELECT body FROM incidents WHERE id = ?",
-                                 (incident_id,)).fetchone()
-        return None if row is None else str(row[0])
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    @abstractmethod
+    def close(self) -> None: ...
 
 
-# SQLite's "file is not a database" and "database disk image is malformed".
-_DAMAGED = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+def first_line(error: BaseException) -> str:
+    return str(error).strip().split("\n")[0]
 
 
-def _used_bytes(db: sqlite3.Connection) -> int:
-    """The bytes of the database's pages in use (its free pages are reused before it grows)."""
-    (pages,) = db.execute("PRAGMA page_count").fetchone()
-    (free,) = db.execute("PRAGMA freelist_count").fetchone()
-    (size,) = db.execute("PRAGMA page_size").fetchone()
-    return int((pages - free) * size)
-
-
-def _make_private(path: str) -> None:
-    """The database's directory made 0700 when we make it, the database file created 0600, and
-    the files of it that we own and others could read set to 0600; SQLite gives the WAL and
-    shared-memory files it creates later the database file's mode.
-
-    Nothing here opens a file that already exists: closing any descriptor of a file drops every
-    POSIX lock this process holds on it, SQLite's included, and a process that holds the
-    database open (a coordinator that also serves readers) would then look, to the next
-    process that closes it, as if it were gone: that one deletes the live WAL."""
-    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    for name in (path, f"{path}-wal", f"{path}-shm"):
-        try:
-            st = os.stat(name)
-        except FileNotFoundError:
-            continue
-        # Files only: a directory given as the database (even "/") is refused by SQLite, and
-        # must not lose its mode first.
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.chmod(name, 0o600)
+@contextlib.contextmanager
+def refused_as(*failures: type[BaseException]) -> Iterator[None]:
+    """A backend's own errors (`failures`) raised as the StoreError that callers expect."""
+    try:
+        yield
+    except failures as e:
+        raise StoreError(first_line(e)) from e

@@ -34,7 +34,8 @@ def nav(title: str = "") -> str:
     return f'<p class="muted"><a href="/">torch-hang-watchdog: jobs</a>{here}</p>'
 
 
-def jobs_page(status: Status, incidents: Sequence[Incident]) -> str:
+def jobs_page(status: Status, incidents: Sequence[tuple[Incident, str]]) -> str:
+    """The jobs, and the newest incidents, each with the coordinator that stored it."""
     jobs = [j for j in status.get("jobs") or () if isinstance(j, Mapping)]
     parts = [nav(), "<h1>Jobs</h1>"]
     if not jobs:
@@ -148,20 +149,21 @@ def _job_row(job: StatusJob) -> str:
             f"<td>{by_state}</td><td class=\"verdict-cell\">{summary}</td></tr>")
 
 
-def _incident_list(incidents: Sequence[Incident]) -> str:
+def _incident_list(incidents: Sequence[tuple[Incident, str]]) -> str:
     if not incidents:
         return '<p class="muted">none stored</p>'
     rows = []
-    for incident in incidents:
+    for incident, coordinator in incidents:
         detected = incident.get("detected_at")
         when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(detected))
                 if isinstance(detected, int | float) else "?")
         rows.append(f"<tr><td><a href=\"{esc(incident_href(str(incident.get('id', ''))))}\">"
                     f"{esc(when)}</a></td><td class=\"mono\">{esc(incident.get('job_id', '?'))}"
                     f"</td><td>{esc(incident.get('kind', '?'))}</td>"
-                    f"<td>{esc(incident.get('summary', ''))}</td></tr>")
-    return ("<table><tr><th>detected</th><th>job</th><th>kind</th><th>summary</th></tr>"
-            + "".join(rows) + "</table>")
+                    f"<td>{esc(incident.get('summary', ''))}</td>"
+                    f"<td class=\"mono\">{esc(coordinator)}</td></tr>")
+    return ("<table><tr><th>detected</th><th>job</th><th>kind</th><th>summary</th>"
+            "<th>coordinator</th></tr>" + "".join(rows) + "</table>")
 
 
 def _state_order(item: tuple[str, int]) -> tuple[int, str]:

@@ -94,17 +94,18 @@ def render_status(status: Status, color: bool = False) -> str:
     return "\n\n".join(_render_job(job, color) for job in jobs)
 
 
-def render_incident_list(incidents: Sequence[Incident]) -> str:
+def render_incident_list(incidents: Sequence[tuple[Incident, str]]) -> str:
     """`watchdog incidents list`: a header, then one line per incident, newest first as given,
-    in columns."""
+    in columns; each with the coordinator that stored it ("-" where no name was recorded)."""
     if not incidents:
         return "no incidents"
-    rows = [("ID", "DETECTED", "JOB", "KIND", "SUMMARY")] + [
+    rows = [("ID", "DETECTED", "JOB", "KIND", "COORDINATOR", "SUMMARY")] + [
         (i["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i["detected_at"])),
-         i["job_id"], _kind_cell(i), i["summary"]) for i in printable_tree(incidents)]
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+         i["job_id"], _kind_cell(i), coordinator or "-", i["summary"])
+        for i, coordinator in printable_tree(list(incidents))]
+    widths = [max(len(row[column]) for row in rows) for column in range(5)]
     return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
-                                row[4]]) for row in rows)
+                                row[5]]) for row in rows)
 
 
 def _kind_cell(incident: Incident) -> str:

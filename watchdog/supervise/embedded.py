@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from agent import procfs
@@ -30,8 +30,9 @@ from agent.worker import Worker
 from watchdog import env as _env
 from watchdog import metrics
 from watchdog.atomic import write_atomically
-from watchdog.coordinator import Coordinator, IncidentStore, StallPolicy
+from watchdog.coordinator import Coordinator, StallPolicy, store_for
 from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.database import Database, database_of
 from watchdog.coordinator.gauges import keep_sampled
 from watchdog.errors import ExitCode, WatchdogError
 from watchdog.model import Kind
@@ -63,7 +64,7 @@ class RunOptions:
     on_hang: str = "report"  # or "kill", or "restart"
     report_path: str | None = None
     report_html: str | None = None  # the first hang incident as an HTML page
-    db_path: str = ""
+    database: Database = field(default_factory=lambda: database_of(None))
     color: bool = False
     native: bool = False  # py-spy --native stacks
     job_log: str | None = None  # where the job's stdout and stderr go; None: ours
@@ -127,7 +128,7 @@ class _Run:
         if self.options.on_hang == "report":
             if self.options.framed and not self.advised:
                 self.advised = True
-                self.out.write(next_steps_text(incident, self.options.db_path, still) + "\n")
+                self.out.write(next_steps_text(incident, str(self.options.database), still) + "\n")
                 self.out.flush()
             return
         ended = Ended(self.options.on_hang, incident, still)
@@ -180,7 +181,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
     us end it. Every incident is printed, and appended to `incidents` where given."""
     cmd = check_command(options.cmd)
     run_dir = private_run_dir()
-    store = IncidentStore(options.db_path)
+    store = store_for(options.database, coordinator=f"{_env.short_hostname()} (watchdog run)")
     try:
         store.open()
     except WatchdogError as e:
@@ -229,7 +230,7 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
         if options.framed:
             jobs = list(coordinator.jobs.values())
             out.write(ended_text(RunEnd(
-                code, time.monotonic() - started, state.incidents, options.db_path,
+                code, time.monotonic() - started, state.incidents, str(options.database),
                 sighting(jobs) is not None, reached_distributed(jobs), state.interrupted,
                 state.ended, attempts_seen(jobs))) + "\n")
         return code

@@ -47,7 +47,7 @@ class RunEnd:
     code: int  # what `watchdog run` exits with
     lasted: float  # seconds the job ran
     incidents: Sequence[Incident]  # every incident printed during the run
-    db_path: str
+    db: str  # where they are stored, as shown: a path, or a URL without its password
     watched: bool  # some rank of the job reported
     distributed: bool = False  # ...and got as far as torch.distributed
     interrupted: bool = False  # the user's Ctrl-C (or SIGTERM) went to the job
@@ -63,14 +63,14 @@ def threshold_text(policy: StallPolicy) -> str:
             f"longer; up to {policy.warmup:g} s at start-up)")
 
 
-def next_steps_text(incident: Incident, db_path: str,
+def next_steps_text(incident: Incident, db: str,
                     still: StillHung | None = None) -> str:
     """After a hang that `--on-hang report` leaves running (or an exit whose peers `still`
     wait): where it is and what to do."""
     ident = printable(str(incident["id"]))
     stored = (f"hang incident {ident} is stored" if still is None else
               f"{still.text()}; incident {ident} ({Kind.RANK_EXITED}) is stored")
-    return (f"watchdog: {stored} in {db_path}. The job is still hung: "
+    return (f"watchdog: {stored} in {db}. The job is still hung: "
             "Ctrl-C ends it (--on-hang kill would have ended it);\n"
             f"watchdog:   `watchdog incidents show {ident} --html report.html` writes it as a "
             "page to attach to a ticket")
@@ -101,7 +101,7 @@ def ended_text(end: RunEnd) -> str:
         return f"{first}; no incident: {FAILED_EARLY}"
     if not end.watched:
         return f"{first}; no rank of it reported, so nothing was watched: {NOT_WATCHED}"
-    return f"{first}; {_story_text(end)}{_incidents_text(end.incidents, end.db_path)}"
+    return f"{first}; {_story_text(end)}{_incidents_text(end.incidents, end.db)}"
 
 
 def _killed_text(killed: Ended, lasted: str, code: int) -> str:
@@ -169,7 +169,7 @@ def _exit_words(incident: Incident) -> str:
     return printable(f"{ranks_text(culprits)} {how}")
 
 
-def _incidents_text(incidents: Sequence[Incident], db_path: str) -> str:
+def _incidents_text(incidents: Sequence[Incident], db: str) -> str:
     if not incidents:
         return "no incident"
     exits = sum(1 for incident in incidents if incident["kind"] == Kind.RANK_EXITED)
@@ -181,5 +181,5 @@ def _incidents_text(incidents: Sequence[Incident], db_path: str) -> str:
                       for n, word in ((exits, "exit"), (hangs, "hang")) if n)
     kinds = f" ({kinds})" if kinds else ""
     latest = printable(str(incidents[-1]["id"]))
-    return (f"{counted}{kinds}, stored in {db_path}: `watchdog incidents show {latest}` shows "
+    return (f"{counted}{kinds}, stored in {db}: `watchdog incidents show {latest}` shows "
             "the latest")

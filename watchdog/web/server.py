@@ -52,7 +52,8 @@ class WebSource(Protocol):
 
     def incident(self, incident_id: str) -> Incident | None: ...
 
-    def incidents(self, limit: int) -> list[Incident]: ...
+    def incidents(self, limit: int) -> list[tuple[Incident, str]]:
+        """The newest incidents, each with the coordinator that stored it."""
 
 
 class PageError(Exception):

@@ -1,15 +1,17 @@
 """Where the web view's pages come from (coordinator process): the live coordinator's status,
 taken on its own event loop, and its incident database, read from the web view's threads
 through a connection of their own (SQLite in WAL mode lets them read while the coordinator
-writes)."""
+writes; PostgreSQL serves any number of connections)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 
-from watchdog.coordinator import Coordinator, IncidentStore
+from watchdog.coordinator import Coordinator, store_for
+from watchdog.coordinator.database import Database
 from watchdog.model import EVERY_JOB, StatusQuery
 from watchdog.schema import Incident, Status
 
@@ -18,10 +20,10 @@ STATUS_TIMEOUT_S = 10.0
 
 class CoordinatorSource:
     def __init__(self, coordinator: Coordinator, loop: asyncio.AbstractEventLoop,
-                 db_path: str) -> None:
+                 database: Database) -> None:
         self._coordinator = coordinator
         self._loop = loop
-        self._db_path = db_path
+        self._database = database
 
     def status(self, query: StatusQuery = EVERY_JOB) -> Status:
         """Called from a web view thread; TimeoutError when the loop is too busy to answer."""
@@ -38,17 +40,12 @@ class CoordinatorSource:
         return self._coordinator.status_json(query)
 
     def incident(self, incident_id: str) -> Incident | None:
-        store = IncidentStore(self._db_path)
-        try:
+        with contextlib.closing(store_for(self._database)) as store:
             body = store.get_json(incident_id)
-        finally:
-            store.close()
         incident: Incident | None = None if body is None else json.loads(body)
         return incident
 
-    def incidents(self, limit: int) -> list[Incident]:
-        store = IncidentStore(self._db_path)
-        try:
-            return [json.loads(body) for body in store.list_json(limit)]
-        finally:
-            store.close()
+    def incidents(self, limit: int) -> list[tuple[Incident, str]]:
+        """The newest incidents, each with the coordinator that stored it."""
+        with contextlib.closing(store_for(self._database)) as store:
+            return [(json.loads(s.text), s.coordinator) for s in store.listed(limit)]
