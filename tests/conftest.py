@@ -5,13 +5,15 @@ the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import preflights
+from tests.helpers import everyone, preflights
 
 TESTS = Path(__file__).resolve().parent
 TIERS = frozenset({"unit", "integration", "security", "system", "bench"})
@@ -54,6 +56,15 @@ def _may_select(config: pytest.Config, tier: str) -> bool:
 def _carrying(marked: set[str]) -> Callable[..., bool]:
     """A matcher for `-m`: a test with exactly the markers `marked`."""
     return lambda name, /, **kwargs: name in marked
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before xdist starts its workers, which inherit it: the copy of the package every user
+    may run, for the tiers that run Python as another user (tests/helpers/everyone.py)."""
+    if (os.geteuid() == 0 and not hasattr(config, "workerinput")
+            and any(_may_select(config, tier) for tier in ("integration", "security"))):
+        with contextlib.suppress(everyone.Unprepared):  # the tier's preflight says why
+            everyone.prepare()
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
