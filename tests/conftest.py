@@ -1,20 +1,27 @@
 """The tiers: each test is marked with its directory under tests/ (unit, integration, security,
 system, bench) and with `browser` when it takes the browser fixture, so that `pytest -m unit` is
 the fast loop; a tier this run selects whose machine preflight fails stops the run at once, with
-the fix."""
+the fix. xdist hands out tests one by one (`--dist loadgroup`), a module's together where they
+share a module-scoped fixture, the tests that must run alone first and the long tiers before
+the short ones; the run ends with the time each tier took (tests/helpers/tier_times.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import preflights
+from tests.helpers import everyone, preflights
+from tests.helpers.tier_times import TierTimes
 
 TESTS = Path(__file__).resolve().parent
 TIERS = frozenset({"unit", "integration", "security", "system", "bench"})
+# The order tests are handed out in: the long tiers first, so the short ones fill in at the end.
+ORDER = ("system", "integration", "security", "unit")
 _checked: set[str] = set()  # tiers whose preflight passed in this process
 
 
@@ -56,13 +63,24 @@ def _carrying(marked: set[str]) -> Callable[..., bool]:
     return lambda name, /, **kwargs: name in marked
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before xdist starts its workers, which inherit it: the copy of the package every user
+    may run, for the tiers that run Python as another user (tests/helpers/everyone.py)."""
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(TierTimes(tier_of, config.rootpath), "tier-times")
+    if (os.geteuid() == 0 and not hasattr(config, "workerinput")
+            and any(_may_select(config, tier) for tier in ("integration", "security"))):
+        with contextlib.suppress(everyone.Unprepared):  # the tier's preflight says why
+            everyone.prepare()
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     if collection_path.parent == TESTS and collection_path.name in TIERS:
         return None if _may_select(config, collection_path.name) else True
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers, and xdist groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item.path)
@@ -70,6 +88,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(tier)
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker("browser")
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=_handed_out)  # stable: a module's tests stay together
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the item takes a fixture made once per module: its module's tests then run on
+    one worker, which makes it once (pytest has no public API for a fixture's scope)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        definitions[-1].scope in ("module", "package")
+        for definitions in info.name2fixturedefs.values() if definitions)
+
+
+def _handed_out(item: pytest.Item) -> tuple[bool, int]:
+    """First the tests that run alone (`unhooked_job`): at the start they wait for no running
+    test; then the tiers in ORDER."""
+    tier = tier_of(item.path)
+    return (item.get_closest_marker("unhooked_job") is None,
+            ORDER.index(tier) if tier in ORDER else len(ORDER))
 
 
 def _stop_unless_ready(config: pytest.Config, tiers: set[str | None]) -> None:

@@ -1,5 +1,6 @@
 """Shared by the security tests: attackers that run as `nobody`, the real daemons as root, and a
-scratch directory both can use."""
+scratch directory both can use. What runs here runs from the copy every user may read
+(tests/helpers/everyone.py), the daemons included: one package for all."""
 
 from __future__ import annotations
 
@@ -17,14 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.helpers.everyone import AS_NOBODY, attacker, checkout, python
 from tests.helpers.scrape import scrape, value
 from watchdog.cli.demo import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-ATTACKERS = REPO / "tests" / "security"  # the scripts an attacker runs
-WATCHDOG = [sys.executable, "-m", "watchdog"]
+WATCHDOG = [sys.executable, "-m", "watchdog"]  # as root: its py-spy is beside this interpreter
 NOBODY = pwd.getpwnam("nobody").pw_uid
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 AS_DAEMON = ["setpriv", "--reuid=daemon", "--regid=daemon", "--clear-groups"]
 T = TypeVar("T")
 
@@ -33,7 +32,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This environment without anything of watchdog's or torchrun's, the package importable."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("WATCHDOG_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
+    env.update(PYTHONPATH=str(checkout()), PYTHONUNBUFFERED="1", **extra)
     return env
 
 
@@ -127,7 +126,7 @@ def worker(spec: dict[str, Any], as_user: list[str] | tuple[str, ...] = (),
     block ends; it has published its beacon when the block starts."""
     popen["env"] = {**popen.get("env", clean_env()), "RANK": str(spec["rank"]),
                     "WORLD_SIZE": str(spec["world"])}  # as torchrun gives its workers
-    proc = subprocess.Popen([*as_user, sys.executable, str(ATTACKERS / "fake_worker.py"),
+    proc = subprocess.Popen([*as_user, python(), attacker("fake_worker.py"),
                              json.dumps(spec)], stdout=subprocess.PIPE, text=True, cwd="/",
                             **popen)
     try:
@@ -145,7 +144,7 @@ def forged_beacons(beacon_dir: Path, seconds: float,
                    claims: list[tuple[int, int]]) -> Iterator[list[Path]]:
     """tests/security/beacon_forger.py as `nobody`: one beacon per (pid, world) claim, rewritten
     every second for `seconds`; the block starts once they are all there."""
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "beacon_forger.py"),
+    proc = subprocess.Popen([*AS_NOBODY, python(), attacker("beacon_forger.py"),
                              str(beacon_dir), str(seconds), json.dumps(claims)],
                             stdout=subprocess.PIPE, text=True, cwd="/", env=clean_env())
     try:
@@ -173,7 +172,7 @@ def reports_taken(metrics: int) -> float:
 @contextmanager
 def rogue(address: str, token: str, node: str, job_id: str) -> Iterator[str]:
     """The rogue agent, as nobody, until the block ends; yields its first line."""
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "rogue_agent.py"), address,
+    proc = subprocess.Popen([*AS_NOBODY, python(), attacker("rogue_agent.py"), address,
                              token, node, job_id], stdout=subprocess.PIPE, text=True,
                             env=clean_env(), cwd="/")
     try:
@@ -194,7 +193,7 @@ def token_file(scratch: Path, name: str, owner: int = 0) -> str:
 
 def status(address: str, *flags: str, as_user: tuple[str, ...] | list[str] = (),
            human: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*as_user, *WATCHDOG, "status", "--coordinator", address,
+    return subprocess.run([*as_user, python(), "-m", "watchdog", "status", "--coordinator", address,
                            *(() if human else ("--json",)), *flags],
                           capture_output=True, text=True, timeout=60, env=clean_env(), cwd="/")
 

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.attack import AS_NOBODY
+from tests.helpers.everyone import AS_NOBODY, python
 from tests.helpers.units import holding
-
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 PROBE = """
 import asyncio, os, signal, subprocess, sys
@@ -48,16 +46,15 @@ attempt("read_as_owner", read_as_owner)
 
 @pytest.fixture
 def other_users_worker() -> Iterator[tuple[int, Path]]:
-    """A Python process of `nobody` (the system's interpreter: this one's may sit in a home
-    `nobody` cannot enter), and a sticky 1777 directory like the beacon directory, in which
-    `nobody` made its own, as its ranks do."""
+    """A Python process of `nobody`, and a sticky 1777 directory like the beacon directory, in
+    which `nobody` made its own, as its ranks do."""
     with tempfile.TemporaryDirectory(prefix="watchdog-caps-") as top:
         Path(top).chmod(0o755)
         shared = Path(top) / "beacons"
         shared.mkdir()
         shared.chmod(0o1777)
         subprocess.run([*AS_NOBODY, "mkdir", "-m", "755", str(shared / "nobody")], check=True)
-        proc = subprocess.Popen([*AS_NOBODY, SYSTEM_PYTHON, "-c",
+        proc = subprocess.Popen([*AS_NOBODY, python(), "-c",
                                  "import time; print(flush=True); time.sleep(60)"],
                                 stdout=subprocess.PIPE, env={"MARK": "worker"},
                                 start_new_session=True)  # SIGCONT is free within a session

@@ -55,13 +55,28 @@ def machine_share(request: pytest.FixtureRequest,
         yield
 
 
+_shares_held: list[bool] = []  # by this process: the machine locks it holds (True: a share)
+
+
 @contextmanager
 def machine_lock(tmp_path_factory: pytest.TempPathFactory, alone: bool) -> Iterator[None]:
-    """The lock `machine_share` takes, for a fixture whose jobs outlive one test."""
-    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"  # shared by the workers
-    with open(lock, "a") as held:
+    """The lock `machine_share` takes, for a fixture whose jobs outlive one test. A test that
+    runs alone first closes a turnstile that every test passes on its way in, so that no test
+    starts while it waits for the running ones to end: flock lets shared locks overtake an
+    exclusive one, which waited minutes while the other workers took turns. A share taken
+    inside one this process holds (a test in such a fixture) passes no turnstile: it would wait
+    for the test that waits for it."""
+    shared = tmp_path_factory.getbasetemp().parent  # by the workers
+    with open(shared / "machine.lock", "a") as held, open(shared / "turnstile.lock", "a") as gate:
+        if alone or not any(_shares_held):
+            fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        yield
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        _shares_held.append(not alone)
+        try:
+            yield
+        finally:
+            _shares_held.pop()
 
 
 def run_command(report: Path, job: list[str], watchdog_args: tuple[str, ...]) -> list[str]:

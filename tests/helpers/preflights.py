@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 
-from tests.helpers.attack import AS_NOBODY, REPO, clean_env
+from tests.helpers import everyone
+from tests.helpers.attack import clean_env
 from tests.helpers.harness import preflight
 from watchdog.errors import PtraceDeniedError, PySpyMissingError, WatchdogError
 
@@ -27,11 +27,14 @@ def _nobody_runs_the_package() -> str:
         return "they run as root (CI does): the attacker is `nobody`, the daemons root"
     if shutil.which("setpriv") is None:
         return "they need setpriv (util-linux) to drop to `nobody`"
-    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import watchdog"],
-                           capture_output=True, text=True, env=clean_env(), cwd="/")
+    try:
+        probe = subprocess.run([*everyone.AS_NOBODY, everyone.python(), "-c", "import watchdog"],
+                               capture_output=True, text=True, env=clean_env(), cwd="/")
+    except everyone.Unprepared as e:
+        return f"`nobody` runs a copy of the package, on an interpreter it can run: {e}"
     if probe.returncode != 0:
-        return (f"`nobody` must be able to run {sys.executable} and read {REPO} (clone it where "
-                f"every user may read it): {probe.stderr.strip()[-300:]}")
+        return (f"`nobody` must be able to run the copy of the package in "
+                f"{everyone.checkout()}: {probe.stderr.strip()[-300:]}")
     return ""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import everyone
 from tests.helpers.browser import screenshot
 from tests.helpers.harness import WATCHDOG, job_env, stop_process
 from watchdog.cli.demo import torchrun_command
@@ -189,9 +190,10 @@ def test_the_run_leaves_no_socket_behind(hung_run: HungRun) -> None:
     assert hung_run.job_id not in after.stdout
 
 
-def as_user(user: str, *cmd: str) -> list[str]:
+def watchdog_as(user: str, *args: str) -> list[str]:
+    """`watchdog ARGS` as `user`, from the copy every user may run."""
     return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
-            "--clear-groups", *cmd]
+            "--clear-groups", everyone.python(), "-m", "watchdog", *args]
 
 
 def test_each_user_sees_their_own_runs_and_root_sees_everyones() -> None:
@@ -202,8 +204,8 @@ def test_each_user_sees_their_own_runs_and_root_sees_everyones() -> None:
     os.chown(home, nobody.pw_uid, nobody.pw_gid)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "WATCHDOG_DB": str(home / "i.db"),
            "WATCHDOG_BEACON_DIR": str(home / "beacons")}
-    run = subprocess.Popen(as_user("nobody", *WATCHDOG, "run", "--", "sleep", "120"), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(watchdog_as("nobody", "run", "--", "sleep", "120"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
     socket_path = Path(f"/tmp/torch-hang-watchdog-{nobody.pw_uid}/run-{run.pid}.sock")
     try:
         deadline = time.monotonic() + 60
@@ -213,8 +215,9 @@ def test_each_user_sees_their_own_runs_and_root_sees_everyones() -> None:
         header = f"== watchdog run, pid {run.pid}, user nobody\nno jobs"
 
         def status_as(*user: str) -> subprocess.CompletedProcess[str]:
-            cmd = as_user(*user, *WATCHDOG, "status") if user else [*WATCHDOG, "status"]
-            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+            cmd = watchdog_as(*user, "status") if user else [*WATCHDOG, "status"]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60,
+                                  cwd="/")
 
         assert header in status_as("nobody").stdout
         assert header in status_as().stdout  # root

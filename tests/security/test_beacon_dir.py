@@ -6,12 +6,12 @@ own. And a root agent finds every user's ranks in theirs."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from agent.table import WorkerTable
 from tests.helpers.attack import AS_DAEMON, AS_NOBODY, NOBODY, clean_env, scratch_dir, worker
+from tests.helpers.everyone import python
 
 HOOKED = ("import os, sys, watchdog\n"
           "print(os.getpid(), flush=True)\n"
@@ -26,7 +26,7 @@ def as_nobody(*argv: str) -> None:
 
 
 def hooked(base: Path, user: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-    return subprocess.Popen([*user, sys.executable, "-c", HOOKED], stdin=subprocess.PIPE,
+    return subprocess.Popen([*user, python(), "-c", HOOKED], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
                             env=clean_env(RANK="0", WORLD_SIZE="1", WATCHDOG_JOB_ID=JOB,
                                           WATCHDOG_BEACON_DIR=str(base)))

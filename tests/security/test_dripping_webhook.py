@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import select
 import subprocess
-import sys
 
 from tests.helpers.attack import (
     AS_NOBODY,
-    ATTACKERS,
     agent,
     clean_env,
     coordinator,
@@ -21,6 +19,7 @@ from tests.helpers.attack import (
     verdict,
     worker,
 )
+from tests.helpers.everyone import attacker, python
 
 ANSWER_BYTES = 38  # of dripping_receiver.py's answer: 38 s at a byte a second
 
@@ -34,7 +33,7 @@ def next_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 def test_a_dripping_receiver_holds_a_post_no_longer_than_its_deadline() -> None:
     receiver = subprocess.Popen(
-        [*AS_NOBODY, sys.executable, str(ATTACKERS / "dripping_receiver.py")],
+        [*AS_NOBODY, python(), attacker("dripping_receiver.py")],
         stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/")
     try:
         port = int(next_line(receiver, 30).split()[1])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.helpers.attack import (
@@ -20,6 +19,7 @@ from tests.helpers.attack import (
     scratch_dir,
     verdict,
 )
+from tests.helpers.everyone import python
 
 SECRET = "SECRET-7f3a9c1e"
 VISIBLE = "VISIBLE-b41d"
@@ -52,7 +52,7 @@ def test_root_only_files_named_by_a_worker_are_never_read(tmp_path: Path) -> Non
                 agent(scratch, scratch / "beacons", "--coordinator", coord.address) as node:
             # The user runs the job; the launcher was handed a root-only file, open for
             # appending, and gives it to rank 1 as its stdout.
-            job = subprocess.Popen([*AS_NOBODY, sys.executable, str(launcher), str(secret),
+            job = subprocess.Popen([*AS_NOBODY, python(), str(launcher), str(secret),
                                     str(own), "disclosure", str(root_only.fileno())],
                                    stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
                                    pass_fds=(root_only.fileno(),), start_new_session=True)

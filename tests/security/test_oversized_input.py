@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.helpers.attack import (
     wait_for,
     worker,
 )
+from tests.helpers.everyone import python
 from watchdog.env import MAX_JOB_ID
 from watchdog.text import MAX_TEXT, TRUNCATED
 from watchdog.transport.limits import MAX_FRAMES
@@ -69,7 +69,7 @@ def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]]) -> Ite
     launcher = scratch / "torchrun"
     launcher.write_text(LAUNCHER)
     spec = json.dumps({"job": job_id, "ranks": ranks})
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(launcher), spec],
+    proc = subprocess.Popen([*AS_NOBODY, python(), str(launcher), spec],
                             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
                             start_new_session=True)
     try:

@@ -5,13 +5,11 @@ reading every job (Status) nor sending a forged agent report (Connect)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tests.helpers.attack import (
     AS_NOBODY,
-    ATTACKERS,
     NOBODY,
     clean_env,
     coordinator,
@@ -20,12 +18,13 @@ from tests.helpers.attack import (
     scratch_dir,
     status,
 )
+from tests.helpers.everyone import attacker, python
 
 
 @contextmanager
 def spoofing_relay(address: str) -> Iterator[str]:
     """tests/security/spoofed_root.py as nobody, in front of `address`; yields its address."""
-    proc = subprocess.Popen([*AS_NOBODY, sys.executable, str(ATTACKERS / "spoofed_root.py"),
+    proc = subprocess.Popen([*AS_NOBODY, python(), attacker("spoofed_root.py"),
                              address], stdout=subprocess.PIPE, text=True, env=clean_env(),
                             cwd="/")
     try:

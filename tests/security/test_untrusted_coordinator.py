@@ -7,20 +7,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.attack import (
     AS_NOBODY,
-    ATTACKERS,
     agent,
     clean_env,
     scratch_dir,
     wait_for,
     worker,
 )
+from tests.helpers.everyone import attacker, python
 
 LISTENER = """
 import socket, sys, time
@@ -49,7 +48,7 @@ def test_a_root_agent_never_follows_a_users_master_addr(token: bool) -> None:
             token_file.write_text("3f1c9e0b7a5d4c2e8f6a1b0c9d8e7f6a\n")
             token_file.chmod(0o600)
             flags = ["--token-file", str(token_file)]
-        listener = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", LISTENER],
+        listener = subprocess.Popen([*AS_NOBODY, python(), "-c", LISTENER],
                                     stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
@@ -75,7 +74,7 @@ def test_a_coordinator_cannot_keep_a_job_paused_with_stack_requests(tmp_path: Pa
     with scratch_dir() as scratch:
         beacons = scratch / "torch-hang-watchdog"
         flood = subprocess.Popen(
-            [*AS_NOBODY, sys.executable, str(ATTACKERS / "flooding_coordinator.py"), "paused",
+            [*AS_NOBODY, python(), attacker("flooding_coordinator.py"), "paused",
              "40"],
             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/")
         try:

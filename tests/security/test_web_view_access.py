@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from typing import Any
 
 from tests.helpers.attack import (
     AS_NOBODY,
-    ATTACKERS,
     NOBODY,
     Daemon,
     clean_env,
@@ -25,6 +23,7 @@ from tests.helpers.attack import (
     token_file,
     wait_for,
 )
+from tests.helpers.everyone import attacker, python
 from watchdog.cli.demo import free_port
 from watchdog.web.server import MAX_CONNECTIONS
 
@@ -42,7 +41,7 @@ def web_coordinator(scratch: Path, *flags: str) -> Iterator[tuple[Daemon, str]]:
 
 
 def nobody_gets(url: str, token: str | None = None) -> dict[str, Any]:
-    out = subprocess.run([*AS_NOBODY, sys.executable, str(ATTACKERS / "web_client.py"), "get",
+    out = subprocess.run([*AS_NOBODY, python(), attacker("web_client.py"), "get",
                           url, *([token] if token else [])], capture_output=True, text=True,
                          timeout=60, env=clean_env(), cwd="/")
     assert out.returncode == 0, out.stderr
@@ -97,7 +96,7 @@ def test_idle_connections_do_not_keep_a_reader_out() -> None:
         reader = token_file(scratch, "reader")
         with web_coordinator(scratch, "--reader-token-file", reader) as (_, url):
             holder = subprocess.Popen(
-                [*AS_NOBODY, sys.executable, str(ATTACKERS / "web_client.py"), "hold", url,
+                [*AS_NOBODY, python(), attacker("web_client.py"), "hold", url,
                  str(3 * MAX_CONNECTIONS)], stdout=subprocess.PIPE, text=True, env=clean_env(),
                 cwd="/")
             try:
