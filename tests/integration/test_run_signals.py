@@ -104,8 +104,9 @@ def ctrl_c(run: subprocess.Popen[str]) -> str:
 
 
 def test_ctrl_c_on_a_healthy_job_is_an_interrupt_not_a_hang(tmp_path: Path) -> None:
-    """torchrun passes SIGINT on to its workers, which raise KeyboardInterrupt: no rank is to
-    blame, and no incident is stored."""
+    """torchrun passes SIGINT on to its workers, which raise KeyboardInterrupt (or die of the
+    signal before they can print it: torchrun may end them first): no rank is to blame, and no
+    incident is stored."""
     run = start_watched(tmp_path, *torchrun_command(2, "--steps", "100000"))
     try:
         output = read_until(run, "watchdog: watching job")
@@ -115,7 +116,6 @@ def test_ctrl_c_on_a_healthy_job_is_an_interrupt_not_a_hang(tmp_path: Path) -> N
     assert "2 of 2 ranks report; hung after 10 s without progress (5 x the job's pace if " \
            "longer; up to 60 s at start-up)" in output
     assert run.returncode == INTERRUPTED, output
-    assert "KeyboardInterrupt" in output  # the workers did raise it, torchrun says
     assert "RANK_EXITED" not in output
     assert stored(tmp_path) == []
     last = output.rstrip().splitlines()[-1]
