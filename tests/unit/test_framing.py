@@ -10,9 +10,9 @@ from typing import Any
 from agent.daemon import Agent
 from tests.helpers.builders import JOB, entered, incident, raised, rank, snapshot
 from watchdog.coordinator import Coordinator, StallPolicy
-from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.verdict import decide
 from watchdog.supervise.embedded import RunOptions, _Run
 from watchdog.supervise.framing import (

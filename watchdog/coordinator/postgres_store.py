@@ -17,7 +17,6 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from watchdog.coordinator.database import mask, state_dir
-from watchdog.schema import Incident
 from watchdog.coordinator.store import (
     DEFAULT_RETENTION,
     SCHEMA_TABLE,
@@ -28,6 +27,7 @@ from watchdog.coordinator.store import (
     refused_as,
 )
 from watchdog.errors import StoreError, StoreUnavailableError
+from watchdog.schema import Incident
 
 # Advisory locks, held for a transaction: one process migrates the schema at a time, and one
 # prunes (they are the database's, whichever table, so these keys are the watchdog's own).

@@ -13,9 +13,7 @@ import stat
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
 
-from watchdog.schema import Incident
 from watchdog.coordinator.store import (
     DEFAULT_RETENTION,
     SCHEMA_TABLE,
@@ -25,6 +23,7 @@ from watchdog.coordinator.store import (
     refused_as,
 )
 from watchdog.errors import StoreError
+from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 

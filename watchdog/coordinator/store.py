@@ -19,6 +19,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+
 from watchdog.coordinator.database import POSTGRES, Database
 from watchdog.errors import SchemaTooNewError, StoreError
 from watchdog.schema import Incident
