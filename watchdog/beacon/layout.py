@@ -67,8 +67,8 @@ SETUP = struct.Struct("<24sd128s")
 CHECKS = struct.Struct("<IIQQQQqQI32s64s4xQd")
 FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
 # world size and backend init_process_group was asked for, 1 + the CUDA device (index) its
-# process group and the first DDP module on CUDA use (0, as a new beacon holds: none), torch, CUDA, NCCL, Python and watchdog
-# versions, CUDA_VISIBLE_DEVICES
+# process group and the first DDP module on CUDA use (0, as a new beacon holds: none), the
+# torch, CUDA, NCCL, Python and watchdog versions, CUDA_VISIBLE_DEVICES
 ENVIRONMENT = struct.Struct("<iii4x32s32s16s16s16s16s256s")
 MAX_VISIBLE_DEVICES = 256  # bytes of CUDA_VISIBLE_DEVICES kept: 6 GPU UUIDs, or 64 indexes
 
