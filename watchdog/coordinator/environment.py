@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from watchdog.coordinator.sides import replica_culprits
+from watchdog.explain.advice import ONE_GPU_PER_RANK_FIX, SAME_ENVIRONMENT_FIX
 from watchdog.model import Environment, Kind
 from watchdog.text import bounded, ranks_text
 
@@ -21,20 +22,14 @@ CAUSES = {
         "watchdog) or set their process group up differently (world size, backend): ranks "
         "built against different NCCL or torch versions may hang or fail in their first "
         "collective, and ranks that disagree on the world size or backend never form one group.",
-        "Run every rank from one environment: the same container image or virtual environment "
-        "on every node (compare `python -c 'import torch; print(torch.__version__, "
-        "torch.version.cuda, torch.cuda.nccl.version())'` on each node), and give "
-        "init_process_group the same backend and world size on every rank (torchrun's "
-        "WORLD_SIZE)."),
+        SAME_ENVIRONMENT_FIX[0].upper() + SAME_ENVIRONMENT_FIX[1:] + "."),
     Kind.SHARED_DEVICE: (
         "Several ranks of one node compute on, or run their process group on, the same GPU: "
         "the processes never called torch.cuda.set_device(local_rank), so each uses cuda:0 "
         "(`model.cuda()` with no index, NCCL's current device), or they were given device_ids "
         "that do not fit their LOCAL_RANK. They share one GPU's memory and time while the "
         "others idle, and NCCL refuses two ranks on one device.",
-        "Call torch.cuda.set_device(local_rank) (local_rank = int(os.environ['LOCAL_RANK'])) "
-        "before init_process_group, move the model with model.to(local_rank), and wrap it as "
-        "DDP(model, device_ids=[local_rank])."),
+        ONE_GPU_PER_RANK_FIX[0].upper() + ONE_GPU_PER_RANK_FIX[1:] + "."),
 }
 
 SHOWN_VALUES = 3  # odd values a summary names of one field (a rank sends any text it likes)
