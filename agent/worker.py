@@ -17,9 +17,27 @@ from watchdog.text import printable
 
 log = logging.getLogger(__name__)
 
-# Reports that carry a rank's fingerprints after it took a new one: a few, in case one is shed
-# on the way; every report would double the coordinator's cost of decoding a rank's state.
+# Reports that carry a rank's fingerprints after it took a new one (or its environment after
+# its hook recorded it): a few, in case one is shed on the way; every report would double the
+# coordinator's cost of decoding a rank's state.
 FINGERPRINT_REPORTS = 5
+
+
+@dataclass
+class FewReports:
+    """Whether the next report carries a record of the rank: one of the next few after the
+    record changed."""
+
+    last: object = None
+    left: int = 0
+
+    def due(self, record: object) -> bool:
+        if record != self.last:
+            self.last, self.left = record, FINGERPRINT_REPORTS
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
 
 
 @dataclass
@@ -40,14 +58,16 @@ class Worker:
     oom_counter: str = ""  # the file counting OOM kills in its memory cgroup...
     oom_kills: int | None = None  # ...and the count when it was found
     oom_killed: bool = False
-    fingerprints_taken: int = 0  # how many the beacon said its rank had taken, last report
-    fingerprint_reports: int = 0  # reports that still carry them
+    # what the beacon said of how many fingerprints its rank had taken, and of its environment
+    fingerprints: FewReports = field(default_factory=lambda: FewReports(0))
+    environment: FewReports = field(default_factory=lambda: FewReports(beacon.NO_ENVIRONMENT))
     owner: verify.Credentials | None = None  # its files are read with these credentials
     found: beaconfiles.Found | None = None  # where its beacon was found
     # What the last refresh observed, for the next report:
     proc_state: str = ""  # its /proc state letter; "" once exited
     activity: Activity = NO_ACTIVITY
     carries_fingerprints: bool = False  # the next report carries its rank's fingerprints
+    carries_environment: bool = False  # ...and its environment
 
     @property
     def alive(self) -> bool:
@@ -55,7 +75,7 @@ class Worker:
 
     def observe(self, now: float, gpu_util: float | None, proc: str = "/proc") -> None:
         """Read the process's state and counters (its activity over the last few seconds), and
-        count one more report toward the few that carry new fingerprints."""
+        count one more report toward the few that carry new fingerprints or a new environment."""
         stat = procfs.read_stat(self.identity.pid, proc) if self.alive else None
         self.proc_state = stat.state if stat is not None else ""
         progress_at = self.snapshot.progress_at if self.snapshot is not None else 0.0
@@ -63,17 +83,8 @@ class Worker:
                                          gpu_util, progress_at)
                          if stat is not None and not stat.gone else NO_ACTIVITY)
         if self.snapshot is not None:
-            self.carries_fingerprints = self._new_fingerprints(self.snapshot.checks)
-
-    def _new_fingerprints(self, checks: beacon.CheckState) -> bool:
-        """Whether this report carries the worker's fingerprints: one of the next few after its
-        rank took one."""
-        if checks.taken != self.fingerprints_taken:
-            self.fingerprints_taken, self.fingerprint_reports = checks.taken, FINGERPRINT_REPORTS
-        if self.fingerprint_reports <= 0:
-            return False
-        self.fingerprint_reports -= 1
-        return True
+            self.carries_fingerprints = self.fingerprints.due(self.snapshot.checks.taken)
+            self.carries_environment = self.environment.due(self.snapshot.environment)
 
     def still_running(self, proc: str) -> bool:
         """Whether its process runs (not one that took its pid since); notes the exit status of

@@ -23,6 +23,9 @@ ATTEMPT = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: how many times it restarte
 MAX_JOB_ID = 64  # bytes a beacon keeps of it
 CHECKS = "WATCHDOG_CHECKS"  # the silent-bug checks the hook runs: "-duplicate_data", "none"
 CHECK_EVERY = "WATCHDOG_CHECK_EVERY"  # optimizer steps between checks, after the early ones
+# For the project's tests only: what one rank's hook records of its environment, overridden
+# ("1:nccl=2.21.5"), since a test machine has one torch and no NCCL (hook/environment.py)
+TEST_ENVIRONMENT = "WATCHDOG_TEST_ENVIRONMENT"
 
 DEFAULT_BEACON_DIR = "/dev/shm/torch-hang-watchdog"
 DEFAULT_PORT = 29450  # the coordinator's

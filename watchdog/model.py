@@ -1,8 +1,9 @@
 """Plain data shared by the agent and the coordinator (never imported by the hook).
 
 These dataclasses, and the closed sets of names below, are what the rest of the code sees;
-`transport.wire` alone converts them to and from protobuf messages. `Pace` and `Fingerprint`
-are the hook's own records (`watchdog.beacon.records`), which a report carries unchanged.
+`transport.wire` alone converts them to and from protobuf messages. `Pace`, `Fingerprint` and
+`Environment` are the hook's own records (`watchdog.beacon.records`), which a report carries
+unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 # Imported "as" themselves: re-exported, for the code that sees only this module (the op is
 # the one the hook records for DDP's constructor, which the coordinator words).
 from watchdog.beacon.records import NO_PACE as NO_PACE
+from watchdog.beacon.records import Environment as Environment
 from watchdog.beacon.records import Fingerprint as Fingerprint
 from watchdog.beacon.records import Pace as Pace
 from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
@@ -49,6 +51,8 @@ class Kind(_Text):
     SAMPLER_EPOCH_REUSED = "SAMPLER_EPOCH_REUSED"
     DDP_MODULE_CHANGED = "DDP_MODULE_CHANGED"
     NONFINITE_LOSS = "NONFINITE_LOSS"
+    ENV_MISMATCH = "ENV_MISMATCH"
+    SHARED_DEVICE = "SHARED_DEVICE"
 
     @property
     def severity(self) -> Severity:
@@ -73,7 +77,8 @@ class Severity(_Text):
 # The findings, in the order of the hook's checks (beacon.CHECK_NAMES; bits of a mask on the wire).
 CHECK_KINDS = (Kind.REPLICA_DESYNC, Kind.NO_GRAD_SYNC, Kind.DUPLICATE_DATA,
                Kind.SAMPLER_EPOCH_REUSED, Kind.DDP_MODULE_CHANGED, Kind.NONFINITE_LOSS)
-FINDINGS = frozenset(CHECK_KINDS)
+# ...and the findings the coordinator makes of what every hook records at start, with no check.
+FINDINGS = frozenset({*CHECK_KINDS, Kind.ENV_MISMATCH, Kind.SHARED_DEVICE})
 
 
 class JobState(_Text):
@@ -272,6 +277,7 @@ class RankState:
     setup_age: float | None = None  # for how long, by the agent's clock
     rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
     evidence: CheckEvidence = NO_EVIDENCE
+    environment: Environment | None = None  # in the few reports after the hook recorded it
 
     @property
     def alive(self) -> bool:

@@ -1,10 +1,13 @@
 """Bugs that never hang, found under `watchdog run` at the settings a user gets: 4-rank torchrun
 jobs (gloo) with a setup mistake each (watchdog/demo/train.py --mistake) end normally, with a
-warning printed once and stored; a healthy DDP job and an FSDP2 job get none; a warning never
-keeps a later hang from being reported and acted on."""
+warning printed once and stored; a rank that runs another NCCL than its peers is named at start
+(the hook's override for tests makes it differ); a healthy DDP job and an FSDP2 job get none
+(ENV_MISMATCH and SHARED_DEVICE included); a warning never keeps a later hang from being
+reported and acted on."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,21 @@ def test_a_model_cast_after_ddp_and_a_sampler_never_given_its_epoch(watch: Any,
     assert "set_epoch" in sampler["finding"]["fix"]
     for incident in found.values():
         assert_said_once(run.output, incident)
+
+
+def test_a_rank_that_runs_another_nccl_is_named_at_start_with_both_versions(
+        watch: Any, tmp_path: Path) -> None:
+    run = watch("--steps", "4", watchdog_args=DEFAULTS,
+                env={"WATCHDOG_TEST_ENVIRONMENT": "2:nccl=2.21.5"})
+    assert run.returncode == 0, run.output
+    (incident,) = warnings(tmp_path).values()
+    assert (incident["kind"], incident["culprit_ranks"]) == ("ENV_MISMATCH", [2])
+    host = socket.gethostname().split(".", 1)[0]
+    # this machine's torch has no NCCL: the others run none
+    assert incident["summary"] == f"rank 2 on {host} runs NCCL 2.21.5, ranks 0,1,3 run none"
+    assert incident["finding"]["step"] == 0
+    assert "same container image" in incident["finding"]["fix"]
+    assert_said_once(run.output, incident)
 
 
 def test_a_healthy_ddp_job_gets_no_finding(watch: Any, tmp_path: Path) -> None:

@@ -19,12 +19,14 @@ from watchdog.beacon import (
     MAX_EXIT_REASON,
     MAX_GROUPS,
     MAX_LISTED_RANKS,
+    NO_ENVIRONMENT,
     NOT_ENTERED,
     SIZE,
     UNTIMED,
     BeaconGroup,
     BeaconWriter,
     CheckState,
+    Environment,
     Fingerprint,
     Identity,
     RaisedException,
@@ -155,6 +157,20 @@ def test_the_checks_state_round_trips_with_the_progress(tmp_path: Path) -> None:
     cut = Fingerprint("batch", "group-with-a-long-name-cut-at-32", 1, 16, 7)
     assert snap.checks == dataclasses.replace(checks, fingerprints=(prints[0], cut, prints[2]))
     assert snap.steps == 70
+
+
+def test_the_environment_round_trips_cut_where_it_is_long(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path)
+    assert read_beacon(open_beacon(writer.path)).environment == NO_ENVIRONMENT
+    uuids = ",".join(f"GPU-{n:08x}-aaaa-bbbb-cccc-dddddddddddd" for n in range(8))
+    env = Environment(torch="2.13.0+cu126", cuda="12.6", nccl="2.27.3", python="3.11.2",
+                      watchdog="0.1.0", backend="cpu:gloo,cuda:nccl", world_size=8,
+                      group_device=0, module_device=3, visible_devices=uuids)
+    writer.set_environment(env)
+    writer.publish(1, [], {}, 1.0)  # progress leaves it as it is
+    snap = read_beacon(open_beacon(writer.path))
+    assert snap.environment == dataclasses.replace(env, visible_devices=uuids[:256])
+    assert snap.steps == 1
 
 
 def test_writer_survives_its_reader_mapping(tmp_path: Path) -> None:

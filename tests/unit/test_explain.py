@@ -34,14 +34,18 @@ from watchdog.explain.advice import (
     IB_ERROR,
     INVALID_RANK,
     NCCL_ERROR,
+    ONE_GPU_PER_RANK_FIX,
     PEER_EXITED,
     PORT_IN_USE,
     RENDEZVOUS,
+    SAME_ENVIRONMENT_FIX,
     SHM,
+    VERSION_MISMATCH,
     WATCHDOG_STUCK,
 )
 from watchdog.explain.rules import NEEDLES, RULES, ranks_named, split_prefix
 from watchdog.explain.scan import BATCH_LINES, MAX_LINE_CHARS
+from watchdog.explain.versions import ComparedFinding
 
 # Real lines copied from shared/fixtures/logs (see SOURCES.md there).
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "logs"
@@ -58,6 +62,8 @@ FIXTURE_FINDINGS: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {
         11: (GPU_OOM, ()),
     },
     "nccl_init_info.log": {},  # init INFO, VERSION lines: "rank 4 nranks 8" is not a finding
+    # 2-6: version lines, compared (below); 8: two ranks on one GPU
+    "nccl_version_mismatch.log": {8: (INVALID_RANK, (1, 0))},
     "torch_init_errors.log": {1: (PORT_IN_USE, ()), 2: (ENV_MISSING, ())},
     "torch_nccl_timeout.log": {
         1: (COLLECTIVE_TIMEOUT, (7,)),
@@ -73,7 +79,8 @@ FIXTURE_FINDINGS: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {
 
 
 def line_findings(findings: list[LogFinding]) -> dict[int, tuple[str, tuple[int, ...]]]:
-    plain = [f for f in findings if not isinstance(f, SummaryFinding | InferredFinding)]
+    plain = [f for f in findings
+             if not isinstance(f, SummaryFinding | InferredFinding | ComparedFinding)]
     return {finding.line_no: (finding.category, finding.ranks) for finding in plain}
 
 
@@ -389,8 +396,9 @@ def test_ib_cause_names_the_completion_status() -> None:
 def test_every_category_has_advice_and_findings_use_it() -> None:
     closed_set = {PEER_EXITED, CONNECT_FAILED, IB_ERROR, GPU_OOM, SHM, COLLECTIVE_TIMEOUT,
                   WATCHDOG_STUCK, NCCL_ERROR, PORT_IN_USE, ENV_MISSING, INVALID_RANK, RENDEZVOUS,
-                  DESYNC, API_MISUSE}
-    assert set(ADVICE) == closed_set == {rule.category for rule in RULES}
+                  DESYNC, API_MISUSE, VERSION_MISMATCH}
+    # one category is found by comparing lines (explain/versions.py), never by a line's rule
+    assert set(ADVICE) == closed_set == {rule.category for rule in RULES} | {VERSION_MISMATCH}
     assert all(cause and fix for cause, fix in ADVICE.values())
     finding = classify_line(1, "torch.distributed.DistNetworkError: ... EADDRINUSE")
     assert finding is not None
@@ -405,6 +413,20 @@ def test_a_mistake_gets_its_own_fix() -> None:
     assert sampler is not None
     assert "DistributedSampler(dataset, shuffle=True)" in sampler.fix
     assert "set_epoch" in sampler.fix
+
+
+def test_processes_that_print_different_nccl_versions_are_a_version_mismatch() -> None:
+    findings = explain_file(FIXTURES / "nccl_version_mismatch.log")
+    (compared,) = [f for f in findings if isinstance(f, ComparedFinding)]
+    assert (compared.line_no, compared.category) == (4, VERSION_MISMATCH)
+    assert compared.cause.startswith("1 process of this log runs NCCL 2.18.3+cuda12.2 while 3 "
+                                     "run NCCL 2.21.5+cuda12.4")
+    assert compared.fix == SAME_ENVIRONMENT_FIX
+    duplicate = next(f for f in findings if f.category == INVALID_RANK)
+    assert duplicate.fix == ONE_GPU_PER_RANK_FIX  # what SHARED_DEVICE says of a live job
+    # one process's version, however often printed, and unattributed lines compare with nothing
+    assert not [f for f in explain_file(FIXTURES / "nccl_init_info.log")
+                if isinstance(f, ComparedFinding)]
 
 
 def test_json_output_is_one_list_of_findings(capsys: pytest.CaptureFixture[str]) -> None:

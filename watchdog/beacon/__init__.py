@@ -15,12 +15,14 @@ from watchdog.beacon.layout import (
 from watchdog.beacon.reader import open_beacon, read_beacon, read_head
 from watchdog.beacon.records import (
     NO_CHECKS,
+    NO_ENVIRONMENT,
     NO_PACE,
     NO_SETUP,
     BeaconGroup,
     BeaconHead,
     BeaconSnapshot,
     CheckState,
+    Environment,
     Fingerprint,
     Identity,
     Pace,
@@ -31,8 +33,9 @@ from watchdog.beacon.writer import NOT_ENTERED, UNTIMED, BeaconWriter, Entered, 
 
 __all__ = [
     "CHECK_NAMES", "EXIT_CLEAN", "EXIT_EXCEPTION", "EXIT_RUNNING", "MAX_EXIT_REASON",
-    "MAX_GROUPS", "MAX_LISTED_RANKS", "MAX_WORLD", "NOT_ENTERED", "NO_CHECKS", "NO_PACE",
-    "NO_SETUP", "SIZE", "UNTIMED", "BeaconGroup", "BeaconHead", "BeaconSnapshot", "BeaconWriter",
-    "CheckState", "Entered", "Fingerprint", "Identity", "Pace", "RaisedException", "Setup",
+    "MAX_GROUPS", "MAX_LISTED_RANKS", "MAX_WORLD", "NOT_ENTERED", "NO_CHECKS",
+    "NO_ENVIRONMENT", "NO_PACE", "NO_SETUP", "SIZE", "UNTIMED", "BeaconGroup", "BeaconHead",
+    "BeaconSnapshot", "BeaconWriter", "CheckState", "Entered", "Environment", "Fingerprint",
+    "Identity", "Pace", "RaisedException", "Setup",
     "beacon_path", "open_beacon", "read_beacon", "read_head",
 ]

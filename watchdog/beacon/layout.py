@@ -9,7 +9,10 @@ rank, so there is nothing to migrate):
      silent-bug checks with their fingerprints after it;
   4. the first non-finite loss in the checks, room for 32 fingerprints, and fingerprints of
      the parameters an optimizer steps once their gradients were averaged by hand;
-  5. when the compile under way began (torch.compile), after the pace (OFF_COMPILING).
+  5. when the compile under way began (torch.compile), after the pace (OFF_COMPILING);
+  6. the rank's environment (versions, how it set its process group up, its CUDA devices),
+     written once at init_process_group and once when DDP wraps a CUDA module, at the end
+     (OFF_ENVIRONMENT).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"THWBEACN"
-VERSION = 5
+VERSION = 6
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -63,6 +66,11 @@ SETUP = struct.Struct("<24sd128s")
 # of the first non-finite loss (0, as a new beacon holds: none) and its value
 CHECKS = struct.Struct("<IIQQQQqQI32s64s4xQd")
 FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
+# world size and backend init_process_group was asked for, 1 + the CUDA device (index) its
+# process group and the first DDP module on CUDA use (0, as a new beacon holds: none), the
+# torch, CUDA, NCCL, Python and watchdog versions, CUDA_VISIBLE_DEVICES
+ENVIRONMENT = struct.Struct("<iii4x32s32s16s16s16s16s256s")
+MAX_VISIBLE_DEVICES = 256  # bytes of CUDA_VISIBLE_DEVICES kept: 6 GPU UUIDs, or 64 indexes
 
 OFF_SEQ = 16
 OFF_HEARTBEAT = 24
@@ -88,10 +96,11 @@ OFF_REASON = OFF_START + START.size
 START_REGION = 4096  # reserved; the checks begin after it
 OFF_CHECKS = OFF_START + START_REGION
 OFF_FINGERPRINTS = OFF_CHECKS + CHECKS.size
-SIZE = OFF_FINGERPRINTS + MAX_FINGERPRINTS * FINGERPRINT.size
+OFF_ENVIRONMENT = OFF_FINGERPRINTS + MAX_FINGERPRINTS * FINGERPRINT.size
+SIZE = OFF_ENVIRONMENT + ENVIRONMENT.size
 
 assert OFF_PROGRESS + PROGRESS.size <= OFF_PACE and OFF_COMPILING + COMPILING.size <= OFF_GROUPS
-assert OFF_CHECKS % 8 == OFF_COMPILING % 8 == 0
+assert OFF_CHECKS % 8 == OFF_COMPILING % 8 == OFF_ENVIRONMENT % 8 == 0
 assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
 assert OFF_ENTERED_SEQ % 8 == 0 and OFF_START % 8 == 0
 assert START.size + MAX_EXIT_REASON <= START_REGION

@@ -17,6 +17,7 @@ from watchdog.beacon.records import (
     BeaconHead,
     BeaconSnapshot,
     CheckState,
+    Environment,
     Fingerprint,
     Identity,
     Pace,
@@ -74,6 +75,17 @@ def _checks(data: bytes) -> CheckState:
         nonfinite_step=nonfinite_after - 1, nonfinite_value=nonfinite_value)
 
 
+def _environment(data: bytes) -> Environment:
+    """The environment region, copied from OFF_ENVIRONMENT on."""
+    (world, group_after, module_after, backend, torch, cuda, nccl, python, watchdog,
+     visible) = layout.ENVIRONMENT.unpack_from(data, 0)
+    return Environment(torch=_text(torch), cuda=_text(cuda), nccl=_text(nccl),
+                       python=_text(python), watchdog=_text(watchdog), backend=_text(backend),
+                       world_size=world, group_device=max(-1, group_after - 1),
+                       module_device=max(-1, module_after - 1),
+                       visible_devices=_text(visible))
+
+
 def _pace(gap_p99: float, gaps: int) -> Pace:
     """The pace as a report may carry it: a p99 that is no duration reads as none measured."""
     return Pace(gap_p99=gap_p99 if math.isfinite(gap_p99) and gap_p99 >= 0 else 0.0, gaps=gaps)
@@ -92,9 +104,10 @@ def _identity(data: bytes, attempt: int) -> Identity:
                     host=_text(host), pid=pid, created_at=created, attempt=attempt)
 
 
-def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
-    """The snapshot of the three regions a reader copied: the head and the used group slots,
-    the start-up region (from OFF_START) and the checks region (from OFF_CHECKS)."""
+def _parse(data: bytes, start: bytes, checks: bytes, env: bytes) -> BeaconSnapshot:
+    """The snapshot of the four regions a reader copied: the head and the used group slots,
+    the start-up region (from OFF_START), the checks region (from OFF_CHECKS) and the
+    environment (from OFF_ENVIRONMENT)."""
     (steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started,
      phase_timeout) = layout.PROGRESS.unpack_from(data, layout.OFF_PROGRESS)
     if n_groups > layout.MAX_GROUPS:
@@ -113,7 +126,8 @@ def _parse(data: bytes, start: bytes, checks: bytes) -> BeaconSnapshot:
         groups=tuple(_group(data, slot, identity.world_size) for slot in range(n_groups)),
         progress_at=progress_at, pace=_pace(gap_p99, gaps), compiling_since=compiling_since,
         setup=Setup(call=_text(call), entered_at=setup_at, rendezvous=_text(rendezvous)),
-        raised=_raised(start, reason_len), checks=_checks(checks))
+        raised=_raised(start, reason_len), checks=_checks(checks),
+        environment=_environment(env))
 
 
 def _check_header(buf: bytes | mmap.mmap) -> None:
@@ -151,9 +165,10 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
                                layout.MAX_GROUPS)
                 data = bytes(head[:layout.group_base(n_groups)])
                 start = bytes(head[layout.OFF_START:layout.OFF_REASON + layout.MAX_EXIT_REASON])
-                checks = bytes(head[layout.OFF_CHECKS:layout.SIZE])
+                checks = bytes(head[layout.OFF_CHECKS:layout.OFF_ENVIRONMENT])
+                env = bytes(head[layout.OFF_ENVIRONMENT:layout.SIZE])
                 if words[seq] == before:
-                    return _parse(data, start, checks)
+                    return _parse(data, start, checks, env)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.
             time.sleep(0)
     raise BeaconError(f"beacon kept changing during {attempts} read attempts")

@@ -1,8 +1,9 @@
 """The records a beacon holds: what the hook writes (`writer`) is what the agent reads
 (`reader`), field for field. Stdlib only: every rank imports them.
 
-`Pace` and `Fingerprint` also travel on in the agent's report unchanged (`model.RankState.pace`,
-`model.CheckEvidence.fingerprints`): one record from the hook to the coordinator.
+`Pace`, `Fingerprint` and `Environment` also travel on in the agent's report unchanged
+(`model.RankState.pace`, `model.CheckEvidence.fingerprints`, `model.RankState.environment`): one
+record from the hook to the coordinator.
 """
 
 from __future__ import annotations
@@ -101,6 +102,28 @@ class Fingerprint:
     digest: int
 
 
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What a rank runs and how it set its process group up, recorded by its hook at
+    init_process_group (and again when DDP first wraps a CUDA module): the coordinator compares
+    ranks (ENV_MISMATCH, SHARED_DEVICE). A version is "" where the rank has none (CUDA, NCCL on
+    a CPU build of torch)."""
+
+    torch: str = ""
+    cuda: str = ""  # torch.version.cuda
+    nccl: str = ""  # torch.cuda.nccl.version(), as "2.21.5"
+    python: str = ""
+    watchdog: str = ""
+    backend: str = ""  # as init_process_group was asked ("nccl", "cpu:gloo,cuda:nccl"); "default"
+    world_size: int = 0  # as init_process_group was asked
+    group_device: int = -1  # the CUDA device (index) its process group uses; -1: none known
+    module_device: int = -1  # the CUDA device of the first DDP module on CUDA; -1: none
+    visible_devices: str = ""  # CUDA_VISIBLE_DEVICES; "": not set
+
+
+NO_ENVIRONMENT = Environment()
+
+
 @dataclass(frozen=True)
 class CheckState:
     """What the silent-bug checks of one rank found so far (hook/checks.py), as its beacon holds
@@ -170,6 +193,7 @@ class BeaconSnapshot:
     setup: Setup = NO_SETUP
     raised: RaisedException | None = None  # what ended it, when an exception did
     checks: CheckState = NO_CHECKS
+    environment: Environment = NO_ENVIRONMENT  # until the rank calls init_process_group
 
     @property
     def events(self) -> int:

@@ -21,7 +21,14 @@ from types import TracebackType
 
 from watchdog import beacondir
 from watchdog.beacon import layout
-from watchdog.beacon.records import CheckState, Identity, Pace, RaisedException, Setup
+from watchdog.beacon.records import (
+    CheckState,
+    Environment,
+    Identity,
+    Pace,
+    RaisedException,
+    Setup,
+)
 from watchdog.errors import BeaconError
 
 Entered = tuple[int, bytes, float]  # a group's last collective entered: seq, op, unix time
@@ -102,6 +109,14 @@ def _pack_checks(buf: mmap.mmap, checks: CheckState) -> None:
         layout.FINGERPRINT.pack_into(buf, layout.OFF_FINGERPRINTS + n * layout.FINGERPRINT.size,
                                      layout.FINGERPRINT_OF.index(fp.of) + 1, fp.module, fp.step,
                                      fp.digest, _cut(fp.group, 32))
+
+
+def _pack_environment(buf: mmap.mmap, env: Environment) -> None:
+    layout.ENVIRONMENT.pack_into(
+        buf, layout.OFF_ENVIRONMENT, env.world_size, env.group_device + 1, env.module_device + 1,
+        _cut(env.backend, 32), _cut(env.torch, 32), _cut(env.cuda, 16), _cut(env.nccl, 16),
+        _cut(env.python, 16), _cut(env.watchdog, 16),
+        _cut(env.visible_devices, layout.MAX_VISIBLE_DEVICES))
 
 
 def _pack_exit(buf: mmap.mmap, state: int, code: int, now: float, reason: bytes) -> None:
@@ -245,6 +260,10 @@ class BeaconWriter:
                     stores.op(slot, op)
                     self._ops[slot] = op
                 stores.group(slot, entered[slot], completed.get(slot, 0), now)
+
+    def set_environment(self, env: Environment) -> None:
+        with self._lock:
+            _pack_environment(self._mm, env)
 
     def set_phase(self, name: str, started: float, timeout: float) -> None:
         with self._lock:

@@ -9,7 +9,9 @@ share their data. A non-finite loss is named once every other rank's loss of tha
 read finite (their step count went past it), or SETTLE_S after it was first seen. Per-rank
 evidence (steps before any gradient collective, a sampler's repeated epoch, a DDP module
 changed after wrapping) is reported once every rank that runs the check shows it, or SETTLE_S
-after the first one did, whichever comes first.
+after the first one did, whichever comes first. So are the ranks' environments, recorded once
+at start (`environment`): compared once every rank sent one, or SETTLE_S after the first did,
+and again whenever another arrives.
 
 Each finding is reported once per job and key. Findings live apart from the job's hang
 incident: a job with a warning is still judged for hangs.
@@ -21,7 +23,10 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from watchdog.coordinator import environment
+from watchdog.coordinator.environment import Noted
 from watchdog.coordinator.membership import group_members
+from watchdog.coordinator.sides import replica_culprits
 from watchdog.coordinator.wording import group_text
 from watchdog.model import JobSnapshot, Kind, RankState
 from watchdog.schema import Incident
@@ -75,6 +80,7 @@ CAUSES = {
         "step, so only the first rank and step say where it came from.",
         "Look at that rank's batch at that step (log the sample indices of the batch it got); "
         "guard the loss (torch.isfinite) or clip gradients only once the cause is known."),
+    **environment.CAUSES,
 }
 
 
@@ -93,21 +99,6 @@ class Finding:
     @property
     def fix(self) -> str:
         return CAUSES[self.kind][1]
-
-
-def replica_culprits(digests: Mapping[int, int]) -> tuple[int, ...]:
-    """The ranks whose replica differs from the most common one. Ties: the side that holds the
-    lowest rank, where rank-0-only code lives; when no two ranks agree, every rank."""
-    sides: dict[int, list[int]] = {}
-    for rank in sorted(digests):
-        sides.setdefault(digests[rank], []).append(rank)
-    if len(sides) < 2:
-        return ()
-    if all(len(side) == 1 for side in sides.values()):
-        return tuple(sorted(digests))
-    lowest = min(digests)
-    reference = max(sides.values(), key=lambda side: (len(side), lowest not in side))
-    return tuple(rank for rank in sorted(digests) if rank not in reference)
 
 
 def duplicated(digests: Mapping[int, int]) -> frozenset[int]:
@@ -136,6 +127,8 @@ class FindingTracker:
     _fresh: bool = False
     _nonfinite: bool = False  # a rank's loss turned non-finite, and that is not decided yet
     _nonfinite_decided: bool = False
+    _environments: dict[int, Noted] = field(default_factory=dict)  # rank -> as last sent
+    _environments_new: bool = False  # some arrived since they were last compared
 
     def observe(self, state: RankState) -> None:
         """Take one rank state's evidence; cheap when nothing new arrived."""
@@ -147,6 +140,11 @@ class FindingTracker:
                 if len(steps) > KEEP_STEPS:
                     del steps[min(steps)]
             self._fresh = True
+        if state.environment is not None:
+            noted = Noted(state.host, state.local_rank, state.environment)
+            if self._environments.get(rank) != noted:
+                self._environments[rank] = noted
+                self._environments_new = True
         if evidence.nonfinite_step >= 0 and not self._nonfinite_decided:
             self._nonfinite = True
         if (evidence.unsynced_steps >= NO_SYNC_STEPS or evidence.sampler_reuses
@@ -158,7 +156,7 @@ class FindingTracker:
     @property
     def pending(self) -> bool:
         """Whether there is anything to evaluate."""
-        return self._fresh or self._suspected or self._nonfinite
+        return self._fresh or self._suspected or self._nonfinite or self._environments_new
 
     @property
     def _suspected(self) -> bool:
@@ -175,6 +173,8 @@ class FindingTracker:
             found += self._per_rank(snapshot, now)
         if self._nonfinite:
             found += self._first_nonfinite(snapshot, now)
+        if self._environments_new:
+            found += self._set_up(snapshot, now)
         new = []
         for finding in found:  # two checks read at once may find one thing twice: the first counts
             if finding.key not in self.reported:
@@ -233,6 +233,19 @@ class FindingTracker:
                        previous[0], f"{ranks_text(culprits)} of {group_text(group, members)} "
                        f"received identical batches in DDP module {module}'s forward after "
                        f"steps {previous[0]} and {step}")
+
+    # -- environments --
+    def _set_up(self, snapshot: JobSnapshot, now: float) -> list[Finding]:
+        """The set-up findings, once every rank's environment arrived or SETTLE_S after the
+        first did: compared sooner, a few early ranks could make the wrong side the majority."""
+        first = self._first_seen.setdefault("environment", now)
+        if len(self._environments) < snapshot.world_size and now - first < SETTLE_S:
+            return []
+        self._environments_new = False
+        mismatch = environment.env_mismatch(self._environments)
+        found = [*([mismatch] if mismatch else []),
+                 *environment.shared_devices(self._environments)]
+        return [Finding(f.kind, f.key, f.culprit_ranks, 0, f.summary) for f in found]
 
     # -- losses --
     def _first_nonfinite(self, snapshot: JobSnapshot, now: float) -> list[Finding]:

@@ -22,6 +22,20 @@ INVALID_RANK = "INVALID_RANK"
 RENDEZVOUS = "RENDEZVOUS"
 DESYNC = "DESYNC"
 API_MISUSE = "API_MISUSE"
+VERSION_MISMATCH = "VERSION_MISMATCH"
+
+# What a user does about ranks that run different software (VERSION_MISMATCH here, the
+# coordinator's ENV_MISMATCH) and about ranks on one GPU ("Duplicate GPU detected", the
+# coordinator's SHARED_DEVICE): said alike wherever it is found.
+SAME_ENVIRONMENT_FIX = (
+    "run every rank from one environment: the same container image or virtual environment on "
+    "every node (compare `python -c 'import torch; print(torch.__version__, torch.version.cuda, "
+    "torch.cuda.nccl.version())'` on each node), and give init_process_group the same backend "
+    "and world size on every rank (torchrun's WORLD_SIZE)")
+ONE_GPU_PER_RANK_FIX = (
+    "call torch.cuda.set_device(local_rank) (local_rank = int(os.environ['LOCAL_RANK'])) before "
+    "init_process_group, move the model with model.to(local_rank), and wrap it as "
+    "DDP(model, device_ids=[local_rank])")
 
 # category -> (cause, fix): the defaults a rule uses unless it knows something more specific
 ADVICE: dict[str, tuple[str, str]] = {
@@ -105,6 +119,11 @@ ADVICE: dict[str, tuple[str, str]] = {
         "see what the named ranks were doing (py-spy dump, flight recorder): usually a "
         "data-dependent branch, an uneven number of batches per rank, or code that only some "
         "ranks run",
+    ),
+    VERSION_MISMATCH: (
+        "the ranks' logs show different NCCL, CUDA or torch versions: ranks built against "
+        "different versions may hang or fail in their first collective",
+        SAME_ENVIRONMENT_FIX,
     ),
     API_MISUSE: (
         "PyTorch refused how the training code uses it: a bug in the script, which every rank "

@@ -32,6 +32,7 @@ from watchdog.explain.advice import (
     IB_ERROR,
     INVALID_RANK,
     NCCL_ERROR,
+    ONE_GPU_PER_RANK_FIX,
     PEER_EXITED,
     PORT_IN_USE,
     RENDEZVOUS,
@@ -144,6 +145,7 @@ RULES: tuple[Rule, ...] = (
         INVALID_RANK, ("Duplicate GPU detected",),
         cause="two ranks use the same GPU: the processes did not call "
         "torch.cuda.set_device(LOCAL_RANK), or all see the same CUDA_VISIBLE_DEVICES",
+        fix=ONE_GPU_PER_RANK_FIX,
     ),
     _rule(
         INVALID_RANK, ("invalid device ordinal",),

@@ -26,12 +26,15 @@ from watchdog.explain.findings import (
     SummaryFinding,
 )
 from watchdog.explain.torchrun import TorchrunSummary, is_summary_start
+from watchdog.explain.versions import NEEDLE as VERSION_NEEDLE
+from watchdog.explain.versions import VersionLedger
 from watchdog.text import ranks_text
 
 BATCH_LINES = 1024
 MAX_LINE_CHARS = 8192  # a longer line read from a file is classified by its head
 CHUNK_CHARS = 1 << 20
 MAX_TEXT_CHARS = 2000
+NEEDLES = (*rules.NEEDLES, VERSION_NEEDLE)  # a version line is no finding, but compared
 
 
 def classify_line(line_no: int, line: str,
@@ -51,7 +54,7 @@ def classify_line(line_no: int, line: str,
 
 def _candidates(text: str) -> list[int]:
     """Indexes of the lines of `text` that contain any rule's literal, ascending."""
-    hits = sorted(at for needle in rules.NEEDLES for at in _find_all(text, needle))
+    hits = sorted(at for needle in NEEDLES for at in _find_all(text, needle))
     indexes: list[int] = []
     index = last = 0
     for at in hits:
@@ -74,6 +77,7 @@ class _Scan:
     def __init__(self) -> None:
         self._summary: TorchrunSummary | None = None
         self._ledger = CulpritLedger()
+        self.versions = VersionLedger()
 
     def batch(self, first_line_no: int, batch: list[str]) -> Iterator[LogFinding]:
         """`batch` holds lines without their newline."""
@@ -99,6 +103,7 @@ class _Scan:
             if self._summary.closed:
                 yield from self.finish_summary()
                 return
+        self.versions.note(line_no, line)
         finding = classify_line(line_no, line, entry_ranks)
         if finding is not None:
             self._ledger.note(finding)
@@ -118,7 +123,8 @@ class _Scan:
 
 
 def explain_lines(lines: Iterable[str]) -> Iterator[LogFinding]:
-    """Findings in line order, then the inferred early-exit culprit (if any) last."""
+    """Findings in line order, then the versions that differ between processes, then the
+    inferred early-exit culprit (if any) last."""
     return _explain_batches(_batches(iter(lines)))
 
 
@@ -133,6 +139,7 @@ def _explain_batches(batches: Iterable[list[str]]) -> Iterator[LogFinding]:
         yield from scan.batch(line_no, batch)
         line_no += len(batch)
     yield from scan.finish_summary()
+    yield from scan.versions.findings()
     culprit = scan.culprit()
     if culprit is not None:
         yield culprit

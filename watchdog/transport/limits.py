@@ -40,6 +40,7 @@ PROC_STATES = frozenset({"", *"RSDTtZXIWPK"})
 SIGNAL = re.compile(r"(SIG[A-Z0-9+-]{1,12}|signal \d{1,3})?")
 MAX_FINGERPRINTS = 64
 FINGERPRINT_OF = frozenset({"parameters", "batch", "optimizer"})
+MAX_DEVICE = 1 << 16  # a CUDA device index
 
 
 SAY_EVERY_S = 60.0

@@ -8,7 +8,6 @@ whose state is impossible is dropped alone: one worker's data never costs its no
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -17,16 +16,13 @@ from typing import TypeVar
 from watchdog.bounded import BoundedTable
 from watchdog.errors import MessageRejectedError
 from watchdog.model import (
-    CHECK_KINDS,
     MAX_FULL_ROWS,
     NO_ACTIVITY,
     NO_EVIDENCE,
     NO_PACE,
     Activity,
-    CheckEvidence,
     ChildStack,
     ExitReason,
-    Fingerprint,
     Frame,
     GroupProgress,
     NodeReport,
@@ -41,12 +37,10 @@ from watchdog.model import (
 from watchdog.text import MAX_TEXT, parse_ranks, printable
 from watchdog.transport.limits import (
     CHILD_ROLES,
-    FINGERPRINT_OF,
     MAX_ATTEMPT,
     MAX_CHILD_CPU,
     MAX_CHILD_FRAMES,
     MAX_CHILDREN,
-    MAX_FINGERPRINTS,
     MAX_FRAMES,
     MAX_LOG_LINES,
     MAX_PID,
@@ -65,11 +59,16 @@ from watchdog.transport.limits import (
     say_once,
 )
 from watchdog.transport.proto import watchdog_pb2 as pb
+from watchdog.transport.wire_evidence import (
+    environment_from_pb,
+    environment_to_pb,
+    evidence_from_pb,
+    evidence_to_pb,
+)
 
 log = logging.getLogger(__name__)
 
 SHARED_BYTES = 8 << 20  # of the distinct stacks kept for ranks alike to share (`bounded`)
-CHECK_BITS = {kind.check: 1 << bit for bit, kind in enumerate(CHECK_KINDS)}
 M = TypeVar("M")
 T = TypeVar("T")
 
@@ -159,55 +158,6 @@ def exit_reason_from_pb(m: pb.ExitReason) -> ExitReason:
                       m.signal, m.oom_killed)
 
 
-def evidence_to_pb(e: CheckEvidence) -> pb.CheckEvidence:
-    m = pb.CheckEvidence(
-        checks=sum(CHECK_BITS.get(name, 0) for name in e.checks), unsynced_steps=e.unsynced_steps,
-        fingerprints=[pb.Fingerprint(of=f.of, group=f.group, module=f.module, step=f.step,
-                                     digest=f.digest) for f in e.fingerprints])
-    if e.sampler_reuses:
-        m.sampler_reuse.CopyFrom(pb.SamplerReuse(count=e.sampler_reuses,
-                                                 first_step=e.sampler_reuse_step,
-                                                 epoch=e.sampler_epoch))
-    if e.ddp_change_step:
-        m.ddp_module_change.CopyFrom(pb.DdpModuleChange(
-            step=e.ddp_change_step, module=e.ddp_change_module, group=e.ddp_change_group,
-            change=e.ddp_change))
-    if e.nonfinite_step >= 0:
-        m.nonfinite_loss.CopyFrom(pb.NonfiniteLoss(step=e.nonfinite_step,
-                                                   value=e.nonfinite_value))
-    return m
-
-
-@functools.cache
-def _checks_only(mask: int) -> CheckEvidence:
-    """The evidence of a rank whose checks found nothing yet: most ranks, in most reports."""
-    return CheckEvidence(checks=tuple(name for name, bit in CHECK_BITS.items() if mask & bit))
-
-
-def evidence_from_pb(m: pb.CheckEvidence) -> CheckEvidence:
-    mask = m.checks & (1 << len(CHECK_KINDS)) - 1
-    if not (m.fingerprints or m.unsynced_steps or m.HasField("sampler_reuse")
-            or m.HasField("ddp_module_change") or m.HasField("nonfinite_loss")):
-        return _checks_only(mask)
-    if len(m.fingerprints) > MAX_FINGERPRINTS:
-        raise MessageRejectedError(f"{len(m.fingerprints)} fingerprints (at most "
-                                   f"{MAX_FINGERPRINTS})")
-    prints = tuple(Fingerprint(f.of, cut_text(f.group, "group name"), f.module, f.step,
-                               f.digest) for f in m.fingerprints)
-    reuse, change, loss = m.sampler_reuse, m.ddp_module_change, m.nonfinite_loss
-    change_group, change_text = cut_texts(change.group, change.change)
-    if any(f.of not in FINGERPRINT_OF for f in prints):
-        raise MessageRejectedError("a fingerprint of something unknown")
-    return CheckEvidence(
-        checks=_checks_only(mask).checks, fingerprints=prints,
-        unsynced_steps=m.unsynced_steps, sampler_reuses=reuse.count,
-        sampler_reuse_step=reuse.first_step, sampler_epoch=reuse.epoch,
-        ddp_change_step=change.step, ddp_change_module=change.module,
-        ddp_change_group=change_group, ddp_change=change_text,
-        nonfinite_step=loss.step if m.HasField("nonfinite_loss") else -1,
-        nonfinite_value=loss.value)
-
-
 def rank_to_pb(r: RankState) -> pb.RankState:
     m = pb.RankState(
         job_id=r.job_id, rank=r.rank, local_rank=r.local_rank, world_size=r.world_size,
@@ -234,6 +184,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.activity.CopyFrom(activity_to_pb(r.activity))
     if r.evidence is not NO_EVIDENCE:
         m.evidence.CopyFrom(evidence_to_pb(r.evidence))
+    if r.environment is not None:
+        m.environment.CopyFrom(environment_to_pb(r.environment))
     return m
 
 
@@ -273,7 +225,8 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
         attempt=m.attempt, setup=setup, setup_age=setup_age, rendezvous=rendezvous,
-        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE)
+        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE,
+        environment=environment_from_pb(m.environment) if m.HasField("environment") else None)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:

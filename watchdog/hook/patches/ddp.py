@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from watchdog.collectives import DDP_INIT_OP
+from watchdog.hook.environment import EnvironmentRecord
 from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.recorder import Recorder
 
@@ -50,8 +51,10 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
     return forward
 
 
-def wrap_constructor(original: Callable[..., None], rec: Recorder) -> Callable[..., None]:
-    """DDP's constructor: the checks learn of each DDP module as it is wrapped."""
+def wrap_constructor(original: Callable[..., None], rec: Recorder,
+                     environment: EnvironmentRecord) -> Callable[..., None]:
+    """DDP's constructor: the checks learn of each DDP module as it is wrapped, and the
+    environment of the first one's CUDA device."""
     wrapped = rec.checks.wrapped
 
     @functools.wraps(original)
@@ -59,6 +62,7 @@ def wrap_constructor(original: Callable[..., None], rec: Recorder) -> Callable[.
         original(obj, *args, **kwargs)
         if rec.enabled:
             rec.run_check(wrapped, obj)
+            rec.run_check(environment.at_ddp, obj)
 
     return __init__
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from watchdog.beacon import Setup
+from watchdog.hook.environment import EnvironmentRecord
 from watchdog.hook.recorder import Recorder
 
 SHUTDOWN_GRACE_S = 60.0
@@ -22,10 +23,12 @@ Entering = Callable[[tuple[Any, ...], dict[str, Any]], Setup | None]
 
 
 def wrap_init_process_group(original: Callable[..., Any], rec: Recorder,
-                            become_rank: BecomeRank | None, joined: Joined) -> Callable[..., Any]:
+                            become_rank: BecomeRank | None, joined: Joined,
+                            environment: EnvironmentRecord) -> Callable[..., Any]:
     """init_process_group: an armed process becomes the rank it names (its arguments, the
     init method's query, or the environment), before it waits for its peers; the wait
-    shows in the beacon as a set-up call, with where the peers meet."""
+    shows in the beacon as a set-up call, with where the peers meet, and the rank's
+    environment is recorded (peers that disagree may never get past the call)."""
     signature = inspect.signature(original)
 
     def entering(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Setup | None:
@@ -36,6 +39,7 @@ def wrap_init_process_group(original: Callable[..., Any], rec: Recorder,
         rank, world_size = rank_and_world(bound, os.environ)
         if rec.writer is None and become_rank is not None and rank >= 0:
             become_rank(rank, world_size)
+        environment.at_init(bound, max(world_size, 0))
         return Setup("init_process_group", time.time(), rendezvous(bound, os.environ))
 
     return _setting_up(original, rec, joined, entering)

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from watchdog.collectives import COLLECTIVES, POINT_TO_POINT
+from watchdog.hook.environment import EnvironmentRecord
 from watchdog.hook.patches import c10d as c10d_wrappers
 from watchdog.hook.patches import compiler, ddp, group_setup
 from watchdog.hook.patches.backward import wrap_backward
@@ -33,6 +34,7 @@ class TorchPatches:
         self._dynamo: ModuleType | None = None
         self.slots = GroupSlots(recorder)
         self.works = PendingWorks(recorder)
+        self.environment = EnvironmentRecord(recorder)
         # Each function the hook put in torch's way, with the torch function it wraps (None: a
         # hook torch itself does not have): what torch.compile traces in its place. DDP's
         # forward is not one of them (see patch_ddp).
@@ -89,7 +91,7 @@ class TorchPatches:
         if wait is not None:
             self._wrapped(wait, original_wait)
         self._replace(dist, c10d, "init_process_group", group_setup.wrap_init_process_group(
-            c10d.init_process_group, rec, self._become_rank, self._joined))
+            c10d.init_process_group, rec, self._become_rank, self._joined, self.environment))
         self._replace(dist, c10d, "new_group",
                       group_setup.wrap_new_group(c10d.new_group, rec, slots.slot))
         self._replace(dist, c10d, "destroy_process_group",
@@ -117,7 +119,7 @@ class TorchPatches:
         # at it (see `compiler`), as it would inside DDP's forward anyway (torch 2.13).
         ddp_class.forward = ddp.wrap_forward(ddp_class.forward, rec, self.slots)
         original_init = ddp_class.__init__
-        ddp_class.__init__ = ddp.wrap_constructor(original_init, rec)
+        ddp_class.__init__ = ddp.wrap_constructor(original_init, rec, self.environment)
         self._wrapped(ddp_class.__init__, original_init)
         for name in ddp.DDP_INIT_CALLS:
             original = getattr(module, name, None)

@@ -89,6 +89,7 @@ class RankState(_message.Message):
     SETUP_AGE_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     rank: _builtins.int
     local_rank: _builtins.int
@@ -136,6 +137,10 @@ class RankState(_message.Message):
     def evidence(self) -> Global___CheckEvidence:
         """40-49: the silent-bug checks"""
 
+    @_builtins.property
+    def environment(self) -> Global___RankEnvironment:
+        """In the few reports after the rank's hook recorded it (or changed it): unset otherwise."""
+
     def __init__(
         self,
         *,
@@ -169,10 +174,11 @@ class RankState(_message.Message):
         setup_age: _builtins.float | None = ...,
         rendezvous: _builtins.str = ...,
         evidence: Global___CheckEvidence | None = ...,
+        environment: Global___RankEnvironment | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "compile_age", b"compile_age", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "compile_age", b"compile_age", "environment", b"environment", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "environment", b"environment", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compile_age: _TypeAlias = _typing.Literal["compile_age"]  # noqa: Y015
     _WhichOneofArgType__compile_age: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age"]  # noqa: Y015
@@ -200,6 +206,64 @@ class RankState(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__setup_age) -> _WhichOneofReturnType__setup_age | None: ...
 
 Global___RankState: _TypeAlias = RankState  # noqa: Y015
+
+@_typing.final
+class RankEnvironment(_message.Message):
+    """What a rank runs and how it set its process group up, as its hook recorded it at
+    init_process_group and when DDP first wrapped a CUDA module; the coordinator compares ranks
+    (ENV_MISMATCH, SHARED_DEVICE).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TORCH_FIELD_NUMBER: _builtins.int
+    CUDA_FIELD_NUMBER: _builtins.int
+    NCCL_FIELD_NUMBER: _builtins.int
+    PYTHON_FIELD_NUMBER: _builtins.int
+    WATCHDOG_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    GROUP_DEVICE_FIELD_NUMBER: _builtins.int
+    MODULE_DEVICE_FIELD_NUMBER: _builtins.int
+    VISIBLE_DEVICES_FIELD_NUMBER: _builtins.int
+    torch: _builtins.str
+    cuda: _builtins.str
+    """torch.version.cuda; empty for a CPU build"""
+    nccl: _builtins.str
+    """torch.cuda.nccl.version(); empty without NCCL"""
+    python: _builtins.str
+    watchdog: _builtins.str
+    backend: _builtins.str
+    """as init_process_group was asked; "default" when it was not"""
+    world_size: _builtins.int
+    """as init_process_group was asked; 0: not known"""
+    group_device: _builtins.int
+    """the CUDA device (index) its process group uses; -1: none"""
+    module_device: _builtins.int
+    """the CUDA device of its first DDP module on CUDA; -1: none"""
+    visible_devices: _builtins.str
+    """CUDA_VISIBLE_DEVICES; empty: not set"""
+    def __init__(
+        self,
+        *,
+        torch: _builtins.str = ...,
+        cuda: _builtins.str = ...,
+        nccl: _builtins.str = ...,
+        python: _builtins.str = ...,
+        watchdog: _builtins.str = ...,
+        backend: _builtins.str = ...,
+        world_size: _builtins.int = ...,
+        group_device: _builtins.int = ...,
+        module_device: _builtins.int = ...,
+        visible_devices: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "cuda", b"cuda", "group_device", b"group_device", "module_device", b"module_device", "nccl", b"nccl", "python", b"python", "torch", b"torch", "visible_devices", b"visible_devices", "watchdog", b"watchdog", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RankEnvironment: _TypeAlias = RankEnvironment  # noqa: Y015
 
 @_typing.final
 class CheckEvidence(_message.Message):
