@@ -28,6 +28,8 @@ WALK: list[tuple[list[str], int]] = [
     (["run", "--", MISSING], USAGE),
     (["run", "--", DIRECTORY], USAGE),
     (["run", "--report", DIRECTORY, "--", "true"], USAGE),
+    (["run", "--report", f"{MISSING}/report.json", "--", "true"], USAGE),
+    (["run", "--report-html", f"{MISSING}/report.html", "--", "true"], USAGE),
     (["run", "--on-hang", "never", "--", "true"], USAGE),
     (["run", "--stall-timeout", "soon", "--", "true"], USAGE),
     (["run", "--bogus", "--", "true"], USAGE),
