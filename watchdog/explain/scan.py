@@ -17,7 +17,7 @@ from itertools import islice
 from typing import TextIO
 
 from watchdog.explain import rules
-from watchdog.explain.advice import PEER_EXITED
+from watchdog.explain.advice import COLLECTIVE_TIMEOUT, PEER_EXITED
 from watchdog.explain.findings import (
     CulpritLedger,
     FirstFailure,
@@ -26,12 +26,21 @@ from watchdog.explain.findings import (
     SummaryFinding,
 )
 from watchdog.explain.torchrun import TorchrunSummary, is_summary_start
+from watchdog.explain.tracebacks import (
+    RANK_PREFIX,
+    VERDICT_NEEDLE,
+    OwnErrors,
+    RankError,
+    VerdictLine,
+)
 from watchdog.text import ranks_text
 
 BATCH_LINES = 1024
 MAX_LINE_CHARS = 8192  # a longer line read from a file is classified by its head
 CHUNK_CHARS = 1 << 20
 MAX_TEXT_CHARS = 2000
+# The rules' literals, and those of the lines the ranks' own errors are read from.
+NEEDLES = (*rules.NEEDLES, RANK_PREFIX, VERDICT_NEEDLE)
 
 
 def classify_line(line_no: int, line: str,
@@ -49,9 +58,16 @@ def classify_line(line_no: int, line: str,
     return None
 
 
+def is_symptom(line: str) -> bool:
+    """Whether the line only reports a lost peer, or a timeout waiting for one: what every
+    waiting rank prints once another failed."""
+    finding = classify_line(0, line)
+    return finding is not None and finding.category in (PEER_EXITED, COLLECTIVE_TIMEOUT)
+
+
 def _candidates(text: str) -> list[int]:
     """Indexes of the lines of `text` that contain any rule's literal, ascending."""
-    hits = sorted(at for needle in rules.NEEDLES for at in _find_all(text, needle))
+    hits = sorted(at for needle in NEEDLES for at in _find_all(text, needle))
     indexes: list[int] = []
     index = last = 0
     for at in hits:
@@ -71,16 +87,17 @@ def _find_all(text: str, needle: str) -> Iterator[int]:
 class _Scan:
     """Classifies one stream batch by batch; torchrun's summary is read line by line."""
 
-    def __init__(self) -> None:
+    def __init__(self, own: OwnErrors) -> None:
         self._summary: TorchrunSummary | None = None
         self._ledger = CulpritLedger()
+        self._own = own
 
     def batch(self, first_line_no: int, batch: list[str]) -> Iterator[LogFinding]:
         """`batch` holds lines without their newline."""
         hits = iter(_candidates("\n".join(batch)))
         index = -1
         while True:
-            if self._summary is not None:  # inside the summary every line counts
+            if self._summary is not None or self._own.wants_next_line:  # every line counts
                 index += 1
             else:
                 index = next((hit for hit in hits if hit > index), len(batch))
@@ -96,9 +113,10 @@ class _Scan:
         if self._summary is not None:
             self._summary.feed(line)
             entry_ranks = self._summary.entry_ranks()
-            if self._summary.closed:
-                yield from self.finish_summary()
-                return
+        self._own.feed(line_no, line, entry_ranks[0] if entry_ranks else None)
+        if self._summary is not None and self._summary.closed:
+            yield from self.finish_summary()
+            return
         finding = classify_line(line_no, line, entry_ranks)
         if finding is not None:
             self._ledger.note(finding)
@@ -119,7 +137,7 @@ class _Scan:
 
 def explain_lines(lines: Iterable[str]) -> Iterator[LogFinding]:
     """Findings in line order, then the inferred early-exit culprit (if any) last."""
-    return _explain_batches(_batches(iter(lines)))
+    return _explain_batches(_batches(iter(lines)), OwnErrors(is_symptom))
 
 
 def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
@@ -127,8 +145,9 @@ def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _explain_batches(batches: Iterable[list[str]]) -> Iterator[LogFinding]:
-    scan, line_no = _Scan(), 1
+def _explain_batches(batches: Iterable[list[str]], own: OwnErrors) -> Iterator[LogFinding]:
+    """Findings in line order; the ranks' own errors and the watchdog's verdicts go to `own`."""
+    scan, line_no = _Scan(own), 1
     for batch in batches:
         yield from scan.batch(line_no, batch)
         line_no += len(batch)
@@ -173,11 +192,13 @@ def explain_main(paths: Sequence[str], as_json: bool, out: TextIO, stdin: TextIO
     out.write("[" if as_json else "")
     for path in inputs:
         where = "<stdin>" if path == "-" else path
+        own = OwnErrors(is_symptom)
         try:
-            for finding in _explain_input(path, stdin):
+            for finding in _explain_input(path, stdin, own):
                 chooser.note(finding, where)
                 out.write(_as_json(finding, count) if as_json else _as_text(where, finding))
                 count += 1
+            chooser.note_own(own, where)
         except _UnreadableError as error:
             print(f"watchdog explain: cannot read {where}: {error}", file=sys.stderr)
             unread += 1
@@ -198,10 +219,10 @@ class _UnreadableError(Exception):
     """An input could not be opened or read (as opposed to the output failing)."""
 
 
-def _explain_input(path: str, stdin: TextIO) -> Iterator[LogFinding]:
+def _explain_input(path: str, stdin: TextIO, own: OwnErrors) -> Iterator[LogFinding]:
     try:
         with _open(path, stdin) as stream:
-            yield from _explain_batches(read_batches(stream))
+            yield from _explain_batches(read_batches(stream), own)
     except OSError as error:
         raise _UnreadableError(error.strerror or str(error)) from error
 
@@ -237,9 +258,11 @@ def _as_text(where: str, finding: LogFinding) -> str:
     )
 
 
-def _closing(chosen: tuple[LogFinding, str] | None) -> str:
+def _closing(chosen: tuple[LogFinding | RankError | VerdictLine, str] | None) -> str:
     if chosen is None:
         return "no known failure found\n"
     finding, where = chosen
+    if not isinstance(finding, LogFinding):
+        return f"first failure: {where}:{finding.line_no}: {finding.describe()}\n"
     ranks = f" ({ranks_text(finding.ranks)})" if finding.ranks else ""
     return f"first failure: {where}:{finding.line_no}: {finding.category}{ranks}: {finding.cause}\n"
