@@ -123,7 +123,6 @@ class IncidentSaver:
         nowhere but memory when that cannot be written either). Logged once per count."""
         if not self.pending or await self.flush():
             return None
-        await self._keep_aside()
         kept = self.store.spill_path if self._aside == len(self.pending) else None
         unstored = Unstored(len(self.pending), kept)
         if unstored != self._told:
@@ -134,8 +133,9 @@ class IncidentSaver:
         return unstored
 
     async def close(self) -> None:
-        """`settle`, then let go of the database."""
-        await self.settle()
+        """`settle` (unless nothing changed since it was told), then let go of the database."""
+        if self._told is None or self._told.count != len(self.pending):
+            await self.settle()
         await self._call(self.store.close)
         self._executor.shutdown(wait=True)
 
