@@ -20,6 +20,7 @@ from tests.helpers.harness import (
     assert_nothing_left,
     job_env,
     stop_process,
+    stored,
 )
 from watchdog.cli.demo import torchrun_command
 
@@ -100,3 +101,37 @@ def test_explain_of_the_run_names_the_rank_that_raised_with_its_own_frame(
     assert re.match(r"first failure: .*job\.log:\d+: rank 1 raised RuntimeError: shard 7 is "
                     r"corrupt: expected 4096 records, found 17, in read_shard at \S*train\.py:\d+",
                     first), explained.stdout
+
+
+NEVER_INITIALISES = str(Path(__file__).parents[1] / "jobs" / "never_initialises.py")
+
+
+def test_ranks_that_never_initialise_are_said_so_and_their_finish_contradicts_the_hang(
+        tmp_path: Path) -> None:
+    """Both ranks sleep before they would call init_process_group (default thresholds): past
+    the warm-up the verdict says they never reached torch.distributed; when they then finish
+    (exit 0) with nobody acting, the hang is contradicted, and the closing line says so."""
+    go = tmp_path / "go"
+    run = subprocess.Popen(
+        [*WATCHDOG, "run", "--", *torchrun_command(2)[:-1], NEVER_INITIALISES, str(go)],
+        env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.stdout is not None
+    try:
+        output = ""
+        while "watchdog: hang incident " not in output:
+            line = run.stdout.readline()
+            assert line, output
+            output += line
+        go.touch()
+        output += run.communicate(timeout=JOB_TIMEOUT_S)[0]
+    finally:
+        output = locals().get("output", "") + stop_process(run)
+    assert run.returncode == 0, output
+    said = r"ranks 0,1 \(rank 0 stuck in <module> at never_initialises\.py:\d+\) never reached "
+    assert re.search(r"RANK_STALLED in job .*\n" + said + r"torch\.distributed", output), output
+    (incident,) = stored(tmp_path)
+    assert incident["kind"] == "RANK_STALLED" and "resumed_at" in incident, incident
+    last = output.rstrip().splitlines()[-1]
+    assert "with exit code 0; 1 incident (1 hang, 1 of them contradicted by the job)" in last, (
+        output)
+    assert_nothing_left(tmp_path)
