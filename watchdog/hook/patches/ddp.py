@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from watchdog.collectives import DDP_INIT_OP
+from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.recorder import Recorder
 
@@ -45,7 +46,11 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
                 rec.enter(slot, DDP_OP, True)
             if checks.batch_due:
                 rec.run_check(checks.batch, ddp, inputs, kwargs)
-        return original(ddp, *inputs, **kwargs)
+        try:
+            return original(ddp, *inputs, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     return forward
 
