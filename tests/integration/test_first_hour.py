@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,26 @@ from watchdog.cli.demo import torchrun_command
 REFUSED_DB = "/proc/self/incidents.db"  # a directory no one, root included, may add a file to
 
 
+def run_acting(args: list[str], tmp_path: Path, marker: str,
+               act: Callable[[], object]) -> tuple[int, str]:
+    """`watchdog run ARGS`, and `act()` once it printed `marker`: its exit code and output."""
+    run = subprocess.Popen([*WATCHDOG, "run", *args], env=job_env(tmp_path),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.stdout is not None
+    output = ""
+    try:
+        while marker not in output:
+            line = run.stdout.readline()
+            assert line, output
+            output += line
+        act()
+        output += run.communicate(timeout=JOB_TIMEOUT_S)[0]
+    finally:
+        if run.returncode is None:  # not ended by itself: the rest of what it printed
+            output += stop_process(run)
+    return run.returncode, output
+
+
 def test_a_report_path_gone_mid_run_fails_alone_and_the_hung_job_is_still_ended(
         tmp_path: Path) -> None:
     """The reports' directory exists when the run starts (checked up front) and is gone when
@@ -34,23 +55,12 @@ def test_a_report_path_gone_mid_run_fails_alone_and_the_hung_job_is_still_ended(
     command the closing line suggests, with the run's own --db, works as printed."""
     reports, db = tmp_path / "reports", tmp_path / "own.db"
     reports.mkdir()
-    run = subprocess.Popen(
-        [*WATCHDOG, "run", "--on-hang", "kill", "--report", str(reports / "r.json"),
-         "--report-html", str(reports / "r.html"), "--db", str(db), "--",
+    code, output = run_acting(
+        ["--on-hang", "kill", "--report", str(reports / "r.json"), "--report-html",
+         str(reports / "r.html"), "--db", str(db), "--",
          *torchrun_command(2, "--fault", "data_stall", "--fault-rank", "1", "--fault-step", "3")],
-        env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert run.stdout is not None
-    try:
-        output = ""
-        while "watchdog: watching job" not in output:
-            line = run.stdout.readline()
-            assert line, output
-            output += line
-        reports.rmdir()
-        output += run.communicate(timeout=JOB_TIMEOUT_S)[0]
-    finally:
-        output = locals().get("output", "") + stop_process(run)
-    assert run.returncode == EXIT_HANG_KILLED, output
+        tmp_path, "watchdog: watching job", reports.rmdir)
+    assert code == EXIT_HANG_KILLED, output
     assert f"watchdog: cannot write the JSON report to {reports / 'r.json'}: " in output
     assert f"watchdog: cannot write the HTML report to {reports / 'r.html'}: " in output
     assert "ERROR" not in output and "write_atomically" not in output, output
@@ -112,21 +122,9 @@ def test_ranks_that_never_initialise_are_said_so_and_their_finish_contradicts_th
     the warm-up the verdict says they never reached torch.distributed; when they then finish
     (exit 0) with nobody acting, the hang is contradicted, and the closing line says so."""
     go = tmp_path / "go"
-    run = subprocess.Popen(
-        [*WATCHDOG, "run", "--", *torchrun_command(2)[:-1], NEVER_INITIALISES, str(go)],
-        env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert run.stdout is not None
-    try:
-        output = ""
-        while "watchdog: hang incident " not in output:
-            line = run.stdout.readline()
-            assert line, output
-            output += line
-        go.touch()
-        output += run.communicate(timeout=JOB_TIMEOUT_S)[0]
-    finally:
-        output = locals().get("output", "") + stop_process(run)
-    assert run.returncode == 0, output
+    code, output = run_acting(["--", *torchrun_command(2)[:-1], NEVER_INITIALISES, str(go)],
+                              tmp_path, "watchdog: hang incident ", go.touch)
+    assert code == 0, output
     said = r"ranks 0,1 \(rank 0 stuck in <module> at never_initialises\.py:\d+\) never reached "
     assert re.search(r"RANK_STALLED in job .*\n" + said + r"torch\.distributed", output), output
     (incident,) = stored(tmp_path)
