@@ -28,6 +28,8 @@ WALK: list[tuple[list[str], int]] = [
     (["run", "--", MISSING], USAGE),
     (["run", "--", DIRECTORY], USAGE),
     (["run", "--report", DIRECTORY, "--", "true"], USAGE),
+    (["run", "--report", f"{MISSING}/report.json", "--", "true"], USAGE),
+    (["run", "--report-html", f"{MISSING}/report.html", "--", "true"], USAGE),
     (["run", "--on-hang", "never", "--", "true"], USAGE),
     (["run", "--stall-timeout", "soon", "--", "true"], USAGE),
     (["run", "--bogus", "--", "true"], USAGE),
@@ -128,3 +130,27 @@ def test_postgresql_without_the_extra_is_a_usage_error_that_says_how_to_install_
 
 def test_the_walk_visits_every_subcommand() -> None:
     assert {argv[0] for argv, _ in WALK} >= {command.name for command in COMMANDS}
+
+
+def test_status_with_nothing_running_is_an_empty_list_and_a_missing_job_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripts read `{"jobs": []}` when nothing runs (exit 0, the note on stderr); a job asked
+    for by --job that is not there is exit 1."""
+    # No `watchdog run` here (the machine's other runs are not this test's), no service.
+    monkeypatch.setattr("watchdog.supervise.runs_dir.candidate_dirs", lambda: [])
+    monkeypatch.setattr("watchdog.cli.status._listening", lambda address: False)
+    assert exit_code(["status", "--json"]) == ExitCode.OK
+    captured = capsys.readouterr()
+    assert captured.out == '{"jobs": []}\n'
+    assert captured.err.startswith("watchdog status: no job to show")
+    assert exit_code(["status", "--job", "NOSUCH"]) == ExitCode.ERROR
+    assert capsys.readouterr().err.endswith("watchdog status: no job NOSUCH here\n")
+
+
+def test_help_and_usage_errors_name_no_internals(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(["status", "--help"]) == ExitCode.OK
+    assert "(default: )" not in capsys.readouterr().out
+    assert exit_code(["incidents", "shw"]) == USAGE
+    err = capsys.readouterr().err
+    assert "argument action" not in err and "invalid choice: 'shw'" in err

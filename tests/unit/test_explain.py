@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +76,12 @@ FIXTURE_FINDINGS: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {
                                      43: (PEER_EXITED, (0,))},
     # 14, 25: the traceback's source line `raise ValueError("sampler option ...")` restates it
     "torchrun_sampler_shuffle_gloo.log": {15: (API_MISUSE, (0,)), 26: (API_MISUSE, (1,))},
+    # The ranks' own errors (a RuntimeError of the user's) are no finding: the first failure.
+    "torchrun_rank_raised_2_gloo.log": {19: (PEER_EXITED, (0,))},
+    "torchrun_rank_raised_4_gloo.log": {19: (PEER_EXITED, (1,)), 30: (PEER_EXITED, (3,))},
+    "torchrun_record_rank_raised_2_gloo.log": {25: (PEER_EXITED, (0,)), 67: (PEER_EXITED, (0,))},
+    "watchdog_run_rank_raised_2_gloo.log": {26: (PEER_EXITED, (0,))},
+    "watchdog_run_hang_killed_2_gloo.log": {},
 }
 
 
@@ -99,7 +106,9 @@ def test_every_fixture_line(name: str) -> None:
     assert line_findings(findings) == FIXTURE_FINDINGS[name]
     lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
     alone = {n: classify_line(n, line) for n, line in enumerate(lines, 1)}
-    assert {n: (f.category, f.ranks) for n, f in alone.items() if f} == FIXTURE_FINDINGS[name]
+    # Alone, a line of torchrun's summary does not know the entry (the rank) it belongs to.
+    assert {n: f.category for n, f in alone.items() if f} == {
+        n: category for n, (category, _) in FIXTURE_FINDINGS[name].items()}
 
 
 def first_failure(findings: list[LogFinding]) -> LogFinding | None:
@@ -495,3 +504,58 @@ def test_a_failing_output_is_not_blamed_on_the_input() -> None:
 
 def test_a_failures_heading_without_torchrun_entries_is_no_finding() -> None:
     assert list(explain_lines(["Failures:", "  test_foo (tests.test_bar)", "=" * 70])) == []
+
+
+def explained_first_failure(text: str) -> str:
+    """The closing line of `watchdog explain` on `text`."""
+    out = io.StringIO()
+    assert explain_main(["-"], False, out, io.StringIO(text)) == 0
+    return out.getvalue().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("torchrun_rank_raised_2_gloo.log", 1), ("torchrun_rank_raised_4_gloo.log", 2),
+    ("watchdog_run_rank_raised_2_gloo.log", 1), ("torchrun_record_rank_raised_2_gloo.log", 1)])
+def test_the_first_failure_is_the_rank_that_raised_not_the_peers_it_left(name: str,
+                                                                         rank: int) -> None:
+    """torchrun's summary and the other ranks' closed connections come too; the first
+    failure is the rank's own exception, its message and its innermost frame of user code."""
+    first = explained_first_failure((FIXTURES / name).read_text(encoding="utf-8"))
+    assert re.match(rf"first failure: <stdin>:\d+: rank {rank} raised RuntimeError: shard 7 is "
+                    r"corrupt: checksum mismatch, in load_shard at /home/user/job/raise\w*\.py:5 ",
+                    first), first
+
+
+def test_a_ranks_error_file_in_torchruns_summary_is_its_own_error() -> None:
+    """Without the ranks' prefixed output, the traceback torchrun inlines from the error file
+    of a script under @record names the rank."""
+    lines = (FIXTURES / "torchrun_record_rank_raised_2_gloo.log").read_text(encoding="utf-8")
+    summary_only = "".join(line for line in lines.splitlines(keepends=True)
+                           if not line.startswith("[rank"))
+    first = explained_first_failure(summary_only)
+    assert "rank 1 raised RuntimeError: shard 7 is corrupt: checksum mismatch, in load_shard at " \
+           "/home/user/job/raise_rec.py:5" in first, first
+
+
+def test_the_watchdogs_verdict_in_a_hung_jobs_log_is_its_first_failure() -> None:
+    first = explained_first_failure(
+        (FIXTURES / "watchdog_run_hang_killed_2_gloo.log").read_text(encoding="utf-8"))
+    assert first == ("first failure: <stdin>:2: the watchdog's verdict, MISSING_RANKS: rank 1 "
+                     "(stuck in read_batch at hang.py:5) never reached all_reduce #6 on group 0 "
+                     "(world); rank 0 waits there since 07:46:42")
+
+
+def test_a_peer_lost_is_never_the_first_failure_while_a_ranks_own_error_is_in_the_log() -> None:
+    """The victim's traceback comes first in the log; the culprit's own error, later, wins."""
+    victim = ("[rank0]: Traceback (most recent call last):\n"
+              '[rank0]:   File "/job/train.py", line 12, in main\n'
+              "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by "
+              "peer [127.0.0.1]:9370\n")
+    culprit = ("[rank3]: Traceback (most recent call last):\n"
+               '[rank3]:   File "/job/train.py", line 40, in load\n'
+               '[rank3]:   File "/usr/lib/python3.11/json/__init__.py", line 293, in load\n'
+               "[rank3]: ValueError: bad header\n")
+    first = explained_first_failure(victim + culprit)
+    assert first == ("first failure: <stdin>:7: rank 3 raised ValueError: bad header, in load at "
+                     "/job/train.py:40 (its own error: read its traceback; the other ranks' "
+                     "errors follow)")

@@ -11,13 +11,16 @@ from agent.daemon import Agent
 from tests.helpers.builders import JOB, entered, incident, raised, rank, snapshot
 from watchdog.coordinator import Coordinator, StallPolicy
 from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.database import database_of
 from watchdog.coordinator.incident import build_incident
+from watchdog.coordinator.persist import Unstored
 from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.verdict import decide
 from watchdog.supervise.embedded import RunOptions, _Run
 from watchdog.supervise.framing import (
     Ended,
     RunEnd,
+    db_option,
     ended_text,
     ending_text,
     next_steps_text,
@@ -59,7 +62,8 @@ def test_the_closing_line_says_how_the_job_ended_and_what_was_seen() -> None:
     assert ended_text(RunEnd(0, 41.6, [], DB, watched=True)) == (
         "watchdog: the job ended after 42 s with exit code 0; no incident")
     assert ended_text(RunEnd(1, 12, [NOTICE, hang], DB, watched=True)) == (
-        "watchdog: the job ended after 12 s with exit code 1; 2 incidents (1 hang), stored in "
+        "watchdog: the job ended after 12 s with exit code 1; 2 incidents (1 hang, 1 notice), "
+        "stored in "
         f"{DB}: `watchdog incidents show 9c1e04d2b7aa` shows the latest")
     killed = ended_text(RunEnd(3, 20, [hang], DB, watched=True, ended=[Ended("kill", hang)]))
     assert killed.startswith(f"watchdog: ended the hung job after 20 s (exit code 3): "
@@ -149,3 +153,34 @@ def test_run_acts_on_an_exit_only_once_its_peers_still_wait(tmp_path: Path) -> N
     assert not run.kill.is_set() and run.ended == []  # the launcher's to handle
     run.on_still_hung(STILL)
     assert run.kill.is_set() and run.killed == Ended("kill", EXITED, STILL)
+
+
+def test_a_warning_only_run_counts_its_warning_as_hangs_are_counted() -> None:
+    warning = {**incident(), "kind": "NO_GRAD_SYNC", "severity": "warning"}
+    assert "; 1 incident (1 warning), stored in " in ended_text(
+        RunEnd(0, 3, [warning], DB, watched=True))
+
+
+def test_incidents_the_database_refused_are_said_to_be_where_they_are() -> None:
+    kept = ended_text(RunEnd(1, 3, [incident()], DB, watched=True,
+                             unstored=Unstored(1, f"{DB}.pending")))
+    assert kept.endswith(f"1 incident (1 hang); not stored: {DB} refused them; they wait in "
+                         f"{DB}.pending, stored the next time a watchdog opens {DB}")
+    lost = ended_text(RunEnd(1, 3, [NOTICE, incident()], DB, watched=True,
+                             unstored=Unstored(1, None)))
+    assert lost.endswith(f"; 1 of them not stored: {DB} refused them, and they are only printed "
+                         "above")
+
+
+def test_the_commands_suggested_name_a_database_incidents_would_not_find(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("WATCHDOG_DB", str(tmp_path / "usual.db"))
+    assert db_option(database_of(None)) == ""
+    own = database_of(str(tmp_path / "my own.db"))
+    assert db_option(own) == f" --db '{tmp_path / 'my own.db'}'"
+    text = ended_text(RunEnd(0, 3, [incident()], str(own), watched=True,
+                             db_option=db_option(own)))
+    assert text.endswith(f"`watchdog incidents show 9c1e04d2b7aa --db '{tmp_path / 'my own.db'}'` "
+                         "shows the latest")
+    assert f"show 9c1e04d2b7aa --db '{tmp_path / 'my own.db'}' --html report.html`" in (
+        next_steps_text(incident(), str(own), option=db_option(own)))

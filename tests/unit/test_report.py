@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -241,3 +242,19 @@ def test_run_writes_the_first_hang_page_and_never_waits_on_it(tmp_path: Path) ->
     broken.on_incident(incident())
     assert broken.kill.is_set()  # --on-hang still acts
     assert "cannot write the HTML report" in out.getvalue()
+
+
+RANK_EXITED = Path(__file__).parents[1] / "fixtures" / "incidents" / "rank_exited_2_gloo.json"
+
+
+def test_an_exited_culprit_shows_its_exception_frames_its_own_code_first() -> None:
+    """A real RANK_EXITED incident (rank 1 raised in read_shard): the page shows the frames the
+    terminal and the JSON have, the innermost frame of the user's own code named first."""
+    page = incident_html(json.loads(RANK_EXITED.read_text()))
+    raised = page[page.index("<h2>Culprit: rank 1</h2>"):]
+    raised = raised[raised.index("it raised"):]
+    assert raised.index("shard 7 is corrupt") < raised.index("read_shard")
+    assert "in its own code at <b>read_shard</b> (train.py:174)" in raised
+    sites = re.findall(r"<td>([\w<>&;.]+)</td><td>[^<]*/(train\.py:\d+)</td>", raised)
+    assert sites == [("read_shard", "train.py:174"), ("inject", "train.py:269"),
+                     ("main", "train.py:354"), ("&lt;module&gt;", "train.py:380")]

@@ -27,6 +27,7 @@ class IncidentsCommand:
 
     def prepare_parser(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("action", nargs="?", choices=("list", "show"), default="list",
+                       metavar="list|show",
                        help="list every incident, or show one")
         p.add_argument("id", nargs="?", help="incident id (for show)")
         p.add_argument("--json", action="store_true",

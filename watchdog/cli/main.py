@@ -40,7 +40,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        if "default" in text or action.default in (None, False, [], "", argparse.SUPPRESS):
             return text
         return f"{text} (default: %(default)s)".lstrip()
 

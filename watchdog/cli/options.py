@@ -45,6 +45,12 @@ def file_to_write(text: str) -> str:
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a directory: give a file path, e.g. "
                                          f"{os.path.join(text, 'hang.json')}")
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {directory} is not writable "
+                                         "by this user")
     return text
 
 

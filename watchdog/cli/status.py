@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from watchdog.cli import options
 from watchdog.env import DEFAULT_ADDRESS
-from watchdog.errors import CoordinatorUnreachableError, WatchdogError
+from watchdog.errors import CoordinatorUnreachableError, ExitCode, WatchdogError
 from watchdog.model import EVERY_JOB, FULL_ROWS, MAX_FULL_ROWS, StatusQuery
 from watchdog.report.terminal import render_status, use_color
 from watchdog.schema import StatusJob
-from watchdog.text import parse_ranks
+from watchdog.text import parse_ranks, printable
 from watchdog.transport import ClientSecurity
 
 SOURCE_TIMEOUT_S = 5.0
@@ -67,17 +67,26 @@ class StatusCommand:
             text = asyncio.run(_status_text(Source("", args.coordinator[0], security, query)))
             print(text if args.json
                   else render_status(json.loads(text), color=use_color(sys.stdout)))
-            return 0
+            return _found(args.job, bool(json.loads(text).get("jobs")))
         if args.coordinator is not None:
             answers = _shards(args.coordinator, security, query)
         else:
             answers = _this_machine(security, query)
         merged = merge(answers)
+        found = any(answer.jobs for answer in merged)
         if args.json:
             print(json.dumps({"jobs": [job for answer in merged for job in answer.jobs]}))
-        else:
+        elif merged and (found or not args.job):
             print(render_answers(merged, use_color(sys.stdout)))
-        return 0
+        return _found(args.job, found)
+
+
+def _found(job: str, shown: bool) -> int:
+    """A job asked for by --job and not found is an error (exit 1), said on stderr."""
+    if job and not shown:
+        print(f"watchdog status: no job {printable(job)} here", file=sys.stderr)
+        return ExitCode.ERROR
+    return ExitCode.OK
 
 
 def _shards(addresses: Sequence[str], security: ClientSecurity,
@@ -98,6 +107,10 @@ def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
         sources = [Source(r.label, r.address, query=query) for r in runs]
         if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
             sources.append(service)
+        if not sources:  # nothing runs here: an empty list, not a failure
+            print("watchdog status: no job to show: no `watchdog run` found on this machine "
+                  f"and no coordinator listens at {DEFAULT_ADDRESS}", file=sys.stderr)
+            return []
         return _answers(
             sources, "no job to show: no `watchdog run` found on this machine and no "
                      f"coordinator answered at {DEFAULT_ADDRESS}",

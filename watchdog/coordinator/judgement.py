@@ -125,8 +125,8 @@ class Judgement:
 
     def job_state(self, job: JobView, now: float) -> JobState:
         if job.ranks and job.everyone_left:
-            clean = all(r.clean_exit and r.exit_code == 0 for r in job.ranks.values())
-            return JobState.FINISHED if clean and not self.hung_before else JobState.FAILED
+            clean = finished_cleanly(job) and not self.hung_before
+            return JobState.FINISHED if clean else JobState.FAILED
         if self._exit_told:
             return JobState.FAILED
         if self.hung:
@@ -153,7 +153,9 @@ class Judgement:
         last beacon write, or a killed rank's state without one, moves the count too; the exits
         that hang caused are no new incident."""
         ending = self.hung and job.exits > self._told_exits
-        return self.open and job.events_total() != self._told_at and not ending
+        moved = self.open and job.events_total() != self._told_at and not ending
+        # A job that finished cleanly with a hang told and nobody acting: no hang after all.
+        return moved or (self.stage is Stage.HUNG and finished_cleanly(job))
 
     def _close(self, job: JobView, now: float) -> Action:
         said = self.incident
@@ -161,6 +163,8 @@ class Judgement:
         # Dated by the hooks' own stamp of the progress where they have one; an incident said
         # just after its ranks moved on ends when it was said, not before.
         moved_at = max(now - job.quiet_for(now), said["detected_at"])
+        if finished_cleanly(job):  # its ranks' exits were its progress
+            moved_at = max(min(r.exited_at or now for r in job.ranks.values()), moved_at)
         lasted = moved_at - self._quiet_since
         if said["severity"] == Severity.NOTICE:
             return EndNotice(incident={**said, "ended_at": moved_at}, lasted=lasted,
@@ -388,3 +392,9 @@ def culprit_place(snapshot: JobSnapshot, culprits: Sequence[int]) -> str:
         if frame is not None:
             return f"{frame.file}:{frame.function}"
     return ""
+
+
+def finished_cleanly(job: JobView) -> bool:
+    """Every rank of the job left, each by a clean exit with code 0."""
+    return bool(job.ranks) and job.everyone_left and all(
+        r.clean_exit and r.exit_code == 0 for r in job.ranks.values())

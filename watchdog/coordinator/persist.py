@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from watchdog.coordinator.store import IncidentStore, first_line
@@ -37,6 +38,7 @@ class IncidentSaver:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="incident-db")
         self._lock = asyncio.Lock()
         self._failing = False
+        self._told: Unstored | None = None  # what `settle` last logged
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -115,17 +117,33 @@ class IncidentSaver:
                 if self.pending:
                     await self.flush()
 
+    async def settle(self) -> Unstored | None:
+        """One last try for what is pending; None when every incident is stored, else how many
+        are not and where they are kept (the spill file, which the next opener stores from, or
+        nowhere but memory when that cannot be written either). Logged once per count."""
+        if not self.pending or await self.flush():
+            return None
+        kept = self.store.spill_path if self._aside == len(self.pending) else None
+        unstored = Unstored(len(self.pending), kept)
+        if unstored != self._told:
+            self._told = unstored
+            log.error("%d incidents could not be stored in %s%s", unstored.count,
+                      self.store.where, f" yet: kept in {kept}, stored the next time it opens"
+                      if kept else ", nor kept aside: they are lost when this process ends")
+        return unstored
+
     async def close(self) -> None:
-        """One last try for what is pending; what still fails goes to the file beside the
-        database that the next opener stores from (`IncidentStore.spill`)."""
-        if self.pending and not await self.flush():
-            try:
-                await self._call(self.store.spill, self.pending[self._aside:])
-                log.error("%d incidents could not be stored in %s yet: kept in %s, stored the "
-                          "next time it opens", len(self.pending), self.store.where,
-                          self.store.spill_path)
-            except OSError as e:
-                log.error("%d incidents could not be stored in %s: %s", len(self.pending),
-                          self.store.where, e)
+        """`settle` (unless nothing changed since it was told), then let go of the database."""
+        if self._told is None or self._told.count != len(self.pending):
+            await self.settle()
         await self._call(self.store.close)
         self._executor.shutdown(wait=True)
+
+
+@dataclass(frozen=True)
+class Unstored:
+    """Incidents the database refused: how many, and the spill file they wait in (None: in
+    memory only)."""
+
+    count: int
+    kept: str | None

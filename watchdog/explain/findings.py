@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.explain.advice import COLLECTIVE_TIMEOUT, PEER_EXITED
+from watchdog.explain.tracebacks import OwnErrors, RankError, VerdictLine
 from watchdog.schema import LogFinding as LogFindingJson
 from watchdog.text import ranks_text
 
@@ -98,15 +99,24 @@ class CulpritLedger:
 class FirstFailure:
     """Picks the finding closest to the cause, in one pass over any number of findings.
 
-    Preference: an inferred early exit; else the first finding whose category is a cause (not
-    a symptom every waiting rank prints: a lost peer or a collective timeout); else torchrun's
-    summary, which reflects exit order better than interleaved output; else the first symptom.
+    Preference: the earliest rank's own error (its exception, not a lost peer); else the
+    watchdog's own verdict in the log; else an inferred early exit; else the first finding
+    whose category is a cause (not a symptom every waiting rank prints: a lost peer or a
+    collective timeout); else torchrun's summary, which reflects exit order better than
+    interleaved output; else the first symptom.
     """
 
     _SYMPTOMS = (PEER_EXITED, COLLECTIVE_TIMEOUT)
 
     def __init__(self) -> None:
-        self._best: dict[int, tuple[LogFinding, str]] = {}
+        self._best: dict[int, tuple[LogFinding | RankError | VerdictLine, str]] = {}
+
+    def note_own(self, own: OwnErrors, source: str = "") -> None:
+        """What one input showed of the ranks' own errors and the watchdog's verdicts."""
+        if own.first is not None:
+            self._best.setdefault(-2, (own.first, source))
+        if own.verdict is not None:
+            self._best.setdefault(-1, (own.verdict, source))
 
     def note(self, finding: LogFinding, source: str = "") -> None:
         if isinstance(finding, InferredFinding):
@@ -117,7 +127,7 @@ class FirstFailure:
             tier = 3 if finding.category in self._SYMPTOMS else 1
         self._best.setdefault(tier, (finding, source))
 
-    def result(self) -> tuple[LogFinding, str] | None:
+    def result(self) -> tuple[LogFinding | RankError | VerdictLine, str] | None:
         """The chosen finding and the `source` it was noted with."""
         return self._best[min(self._best)] if self._best else None
 

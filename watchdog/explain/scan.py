@@ -17,7 +17,7 @@ from itertools import islice
 from typing import TextIO
 
 from watchdog.explain import rules
-from watchdog.explain.advice import PEER_EXITED
+from watchdog.explain.advice import COLLECTIVE_TIMEOUT, PEER_EXITED
 from watchdog.explain.findings import (
     CulpritLedger,
     FirstFailure,
@@ -26,6 +26,13 @@ from watchdog.explain.findings import (
     SummaryFinding,
 )
 from watchdog.explain.torchrun import TorchrunSummary, is_summary_start
+from watchdog.explain.tracebacks import (
+    RANK_PREFIX,
+    VERDICT_NEEDLE,
+    OwnErrors,
+    RankError,
+    VerdictLine,
+)
 from watchdog.explain.versions import NEEDLE as VERSION_NEEDLE
 from watchdog.explain.versions import VersionLedger
 from watchdog.text import ranks_text
@@ -34,7 +41,9 @@ BATCH_LINES = 1024
 MAX_LINE_CHARS = 8192  # a longer line read from a file is classified by its head
 CHUNK_CHARS = 1 << 20
 MAX_TEXT_CHARS = 2000
-NEEDLES = (*rules.NEEDLES, VERSION_NEEDLE)  # a version line is no finding, but compared
+# The rules' literals, those of the lines the ranks' own errors are read from, and NCCL's
+# version line (no finding, but compared between processes).
+NEEDLES = (*rules.NEEDLES, RANK_PREFIX, VERDICT_NEEDLE, VERSION_NEEDLE)
 
 
 def classify_line(line_no: int, line: str,
@@ -50,6 +59,13 @@ def classify_line(line_no: int, line: str,
             ranks = rule.ranks(line) or default_ranks
             return LogFinding(line_no, line[:MAX_TEXT_CHARS], rule.category, ranks, cause, fix)
     return None
+
+
+def is_symptom(line: str) -> bool:
+    """Whether the line only reports a lost peer, or a timeout waiting for one: what every
+    waiting rank prints once another failed."""
+    finding = classify_line(0, line)
+    return finding is not None and finding.category in (PEER_EXITED, COLLECTIVE_TIMEOUT)
 
 
 def _candidates(text: str) -> list[int]:
@@ -74,17 +90,18 @@ def _find_all(text: str, needle: str) -> Iterator[int]:
 class _Scan:
     """Classifies one stream batch by batch; torchrun's summary is read line by line."""
 
-    def __init__(self) -> None:
+    def __init__(self, own: OwnErrors) -> None:
         self._summary: TorchrunSummary | None = None
         self._ledger = CulpritLedger()
         self.versions = VersionLedger()
+        self._own = own
 
     def batch(self, first_line_no: int, batch: list[str]) -> Iterator[LogFinding]:
         """`batch` holds lines without their newline."""
         hits = iter(_candidates("\n".join(batch)))
         index = -1
         while True:
-            if self._summary is not None:  # inside the summary every line counts
+            if self._summary is not None or self._own.wants_next_line:  # every line counts
                 index += 1
             else:
                 index = next((hit for hit in hits if hit > index), len(batch))
@@ -100,9 +117,10 @@ class _Scan:
         if self._summary is not None:
             self._summary.feed(line)
             entry_ranks = self._summary.entry_ranks()
-            if self._summary.closed:
-                yield from self.finish_summary()
-                return
+        self._own.feed(line_no, line, entry_ranks[0] if entry_ranks else None)
+        if self._summary is not None and self._summary.closed:
+            yield from self.finish_summary()
+            return
         self.versions.note(line_no, line)
         finding = classify_line(line_no, line, entry_ranks)
         if finding is not None:
@@ -125,7 +143,7 @@ class _Scan:
 def explain_lines(lines: Iterable[str]) -> Iterator[LogFinding]:
     """Findings in line order, then the versions that differ between processes, then the
     inferred early-exit culprit (if any) last."""
-    return _explain_batches(_batches(iter(lines)))
+    return _explain_batches(_batches(iter(lines)), OwnErrors(is_symptom))
 
 
 def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
@@ -133,8 +151,9 @@ def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _explain_batches(batches: Iterable[list[str]]) -> Iterator[LogFinding]:
-    scan, line_no = _Scan(), 1
+def _explain_batches(batches: Iterable[list[str]], own: OwnErrors) -> Iterator[LogFinding]:
+    """Findings in line order; the ranks' own errors and the watchdog's verdicts go to `own`."""
+    scan, line_no = _Scan(own), 1
     for batch in batches:
         yield from scan.batch(line_no, batch)
         line_no += len(batch)
@@ -180,11 +199,13 @@ def explain_main(paths: Sequence[str], as_json: bool, out: TextIO, stdin: TextIO
     out.write("[" if as_json else "")
     for path in inputs:
         where = "<stdin>" if path == "-" else path
+        own = OwnErrors(is_symptom)
         try:
-            for finding in _explain_input(path, stdin):
+            for finding in _explain_input(path, stdin, own):
                 chooser.note(finding, where)
                 out.write(_as_json(finding, count) if as_json else _as_text(where, finding))
                 count += 1
+            chooser.note_own(own, where)
         except _UnreadableError as error:
             print(f"watchdog explain: cannot read {where}: {error}", file=sys.stderr)
             unread += 1
@@ -205,10 +226,10 @@ class _UnreadableError(Exception):
     """An input could not be opened or read (as opposed to the output failing)."""
 
 
-def _explain_input(path: str, stdin: TextIO) -> Iterator[LogFinding]:
+def _explain_input(path: str, stdin: TextIO, own: OwnErrors) -> Iterator[LogFinding]:
     try:
         with _open(path, stdin) as stream:
-            yield from _explain_batches(read_batches(stream))
+            yield from _explain_batches(read_batches(stream), own)
     except OSError as error:
         raise _UnreadableError(error.strerror or str(error)) from error
 
@@ -244,9 +265,11 @@ def _as_text(where: str, finding: LogFinding) -> str:
     )
 
 
-def _closing(chosen: tuple[LogFinding, str] | None) -> str:
+def _closing(chosen: tuple[LogFinding | RankError | VerdictLine, str] | None) -> str:
     if chosen is None:
         return "no known failure found\n"
     finding, where = chosen
+    if not isinstance(finding, LogFinding):
+        return f"first failure: {where}:{finding.line_no}: {finding.describe()}\n"
     ranks = f" ({ranks_text(finding.ranks)})" if finding.ranks else ""
     return f"first failure: {where}:{finding.line_no}: {finding.category}{ranks}: {finding.cause}\n"

@@ -15,11 +15,11 @@ from typing import Literal
 
 from watchdog import __version__
 from watchdog.atomic import write_atomically
-from watchdog.frames import frame_site, stuck_frame
+from watchdog.frames import frame_site, is_library_frame, stuck_frame
 from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import RowGroup, group_ranks
 from watchdog.report.page import document, esc, state_badge
-from watchdog.report.stack_tree import frames_of, render_tree
+from watchdog.report.stack_tree import as_frames, frames_of, render_tree
 from watchdog.report.timeline import lanes_of, render_timeline
 from watchdog.schema import Child, Incident, LogFinding, RankGroup, RankRow, RankTable
 from watchdog.text import ranks_text
@@ -265,8 +265,13 @@ def _exit_reason(reason: object) -> str:
         return ""
     exception = reason.get("exception")
     if isinstance(exception, Mapping):
+        # Where the user's program was comes first: the innermost frames are often torch's.
+        own = stuck_frame(as_frames(exception.get("frames")))
+        where = ("" if own is None or is_library_frame(own) else
+                 f"<p>in its own code at <b>{esc(own.function)}</b> ({esc(frame_site(own))})</p>")
         return (f"<h3>it raised</h3><pre>{esc(exception.get('type', '?'))}: "
-                f"{esc(exception.get('message', ''))}</pre>")
+                f"{esc(exception.get('message', ''))}</pre>{where}"
+                + _stack_html("its frames, innermost first", exception.get("frames")))
     if reason.get("signal"):
         return f"<h3>it was ended by</h3><pre>{esc(reason['signal'])}</pre>"
     return ""

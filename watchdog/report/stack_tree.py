@@ -34,8 +34,14 @@ class StackNode:
 
 def frames_of(row: schema.RankRow | schema.RankGroup) -> tuple[Frame, ...]:
     """A rank row's stack as frames, innermost first, native frames left out."""
+    return as_frames(row.get("stack"))
+
+
+def as_frames(stack: object) -> tuple[Frame, ...]:
+    """The incident JSON's frames (a stack, an exception's) as frames, native ones left out;
+    whatever is not a frame is skipped."""
     frames = tuple(Frame(str(f.get("function", "?")), str(f.get("file", "?")), _line(f))
-                   for f in row.get("stack") or () if isinstance(f, Mapping))
+                   for f in (stack if isinstance(stack, list) else ()) if isinstance(f, Mapping))
     return tuple(python_frames(frames))
 
 
@@ -150,6 +156,6 @@ def _side_order(ranks: Sequence[int], culprits: set[int]) -> tuple[bool, int, in
     return not culprits.intersection(ranks), len(ranks), ranks[0]
 
 
-def _line(frame: schema.Frame) -> int:
+def _line(frame: Mapping[str, object]) -> int:
     line = frame.get("line")
     return line if isinstance(line, int) else 0

@@ -39,7 +39,14 @@ from watchdog.model import Kind
 from watchdog.report import write_html
 from watchdog.report.terminal import render_incident
 from watchdog.schema import Incident, is_hang
-from watchdog.supervise.framing import Ended, RunEnd, ended_text, ending_text, next_steps_text
+from watchdog.supervise.framing import (
+    Ended,
+    RunEnd,
+    db_option,
+    ended_text,
+    ending_text,
+    next_steps_text,
+)
 from watchdog.supervise.inject import cannot_run, check_command, hook_env, new_job_id
 from watchdog.supervise.runs_dir import claim_run_socket, own_runtime_dir
 from watchdog.supervise.seen import (
@@ -49,6 +56,7 @@ from watchdog.supervise.seen import (
     say_what_it_sees,
     sighting,
 )
+from watchdog.text import printable
 from watchdog.transport import start_server
 
 log = logging.getLogger(__name__)
@@ -112,9 +120,9 @@ class _Run:
         if not self.reported:
             self.reported = True
             if self.options.report_path:
-                write_report(self.options.report_path, incident)
+                self._write("JSON report", self.options.report_path, incident, write_report)
             if self.options.report_html:
-                self._write_html(self.options.report_html, incident)
+                self._write("HTML report", self.options.report_html, incident, write_html)
         if incident["kind"] != Kind.RANK_EXITED:
             self._act(incident)
 
@@ -128,7 +136,8 @@ class _Run:
         if self.options.on_hang == "report":
             if self.options.framed and not self.advised:
                 self.advised = True
-                self.out.write(next_steps_text(incident, str(self.options.database), still) + "\n")
+                self.out.write(next_steps_text(incident, str(self.options.database), still,
+                                               db_option(self.options.database)) + "\n")
                 self.out.flush()
             return
         ended = Ended(self.options.on_hang, incident, still)
@@ -153,13 +162,20 @@ class _Run:
         self.out.write(moved_on_text(incident, lasted) + "\n")
         self.out.flush()
 
-    def _write_html(self, path: str, incident: Incident) -> None:
-        """The page is a convenience: printing the incident and --on-hang never wait on it."""
+    def _write(self, what: str, path: str, incident: Incident,
+               writer: Callable[[str, Incident], None]) -> None:
+        """A report is a copy (the store and the terminal have the incident): --on-hang never
+        waits on it, and a path that cannot be written (checked up front, but a directory can
+        go away during a run) fails this write alone, in one line."""
         try:
-            write_html(path, incident)
+            writer(path, incident)
         except Exception as e:
             log.debug("writing %s failed", path, exc_info=True)
-            self.out.write(f"watchdog: cannot write the HTML report to {path}: {e}\n")
+            self.out.write(f"watchdog: cannot write the {what} to {path}: {e}\n")
+        else:
+            self.out.write(f"watchdog: wrote the {what} of incident "
+                           f"{printable(incident['id'])} to {path}\n")
+        self.out.flush()
 
     def _end_attempt(self, ended: Ended) -> None:
         """End the workers of the attempt that hung, and not torchrun, which then starts the
@@ -232,7 +248,8 @@ async def run_job(options: RunOptions, out: TextIO = sys.stderr,
             out.write(ended_text(RunEnd(
                 code, time.monotonic() - started, state.incidents, str(options.database),
                 sighting(jobs) is not None, reached_distributed(jobs), state.interrupted,
-                state.ended, attempts_seen(jobs))) + "\n")
+                state.ended, attempts_seen(jobs), db_option(options.database),
+                await coordinator.saver.settle())) + "\n")
         return code
     finally:
         stop.set()

@@ -13,12 +13,15 @@ watched; a job that failed with no incident is pointed at its own output.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.database import Database, database_of
+from watchdog.coordinator.persist import Unstored
 from watchdog.coordinator.stall import StallPolicy
-from watchdog.errors import ExitCode
+from watchdog.errors import ExitCode, WatchdogError
 from watchdog.model import Kind
 from watchdog.schema import ExitReason, Incident, is_hang
 from watchdog.text import printable, ranks_text
@@ -53,6 +56,8 @@ class RunEnd:
     interrupted: bool = False  # the user's Ctrl-C (or SIGTERM) went to the job
     ended: Sequence[Ended] = ()  # what --on-hang ended, in order
     attempts: int = 1  # how many attempts of the job torchrun ran
+    db_option: str = ""  # what `watchdog incidents` needs to find them (`db_option`)
+    unstored: Unstored | None = None  # what the database refused, and where it is kept
 
 
 def threshold_text(policy: StallPolicy) -> str:
@@ -63,8 +68,19 @@ def threshold_text(policy: StallPolicy) -> str:
             f"longer; up to {policy.warmup:g} s at start-up)")
 
 
+def db_option(database: Database) -> str:
+    """' --db PATH' where `watchdog incidents` would not find `database` by itself (a `--db`
+    other than $WATCHDOG_DB's or the default), so that the commands suggested work as
+    printed."""
+    try:
+        found = database_of(None)
+    except WatchdogError:  # a $WATCHDOG_DB that `incidents` would refuse
+        found = None
+    return "" if database == found else f" --db {shlex.quote(str(database))}"
+
+
 def next_steps_text(incident: Incident, db: str,
-                    still: StillHung | None = None) -> str:
+                    still: StillHung | None = None, option: str = "") -> str:
     """After a hang that `--on-hang report` leaves running (or an exit whose peers `still`
     wait): where it is and what to do."""
     ident = printable(str(incident["id"]))
@@ -72,8 +88,8 @@ def next_steps_text(incident: Incident, db: str,
               f"{still.text()}; incident {ident} ({Kind.RANK_EXITED}) is stored")
     return (f"watchdog: {stored} in {db}. The job is still hung: "
             "Ctrl-C ends it (--on-hang kill would have ended it);\n"
-            f"watchdog:   `watchdog incidents show {ident} --html report.html` writes it as a "
-            "page to attach to a ticket")
+            f"watchdog:   `watchdog incidents show {ident}{option} --html report.html` writes "
+            "it as a page to attach to a ticket")
 
 
 def ending_text(ended: Ended, what: str) -> str:
@@ -101,7 +117,7 @@ def ended_text(end: RunEnd) -> str:
         return f"{first}; no incident: {FAILED_EARLY}"
     if not end.watched:
         return f"{first}; no rank of it reported, so nothing was watched: {NOT_WATCHED}"
-    return f"{first}; {_story_text(end)}{_incidents_text(end.incidents, end.db)}"
+    return f"{first}; {_story_text(end)}{_incidents_text(end)}"
 
 
 def _killed_text(killed: Ended, lasted: str, code: int) -> str:
@@ -169,17 +185,32 @@ def _exit_words(incident: Incident) -> str:
     return printable(f"{ranks_text(culprits)} {how}")
 
 
-def _incidents_text(incidents: Sequence[Incident], db: str) -> str:
+def _incidents_text(end: RunEnd) -> str:
+    """'2 incidents (1 exit, 1 hang), stored in DB: `watchdog incidents show ID` shows the
+    latest', or where the database refused them, where they really are."""
+    incidents = end.incidents
     if not incidents:
         return "no incident"
     exits = sum(1 for incident in incidents if incident["kind"] == Kind.RANK_EXITED)
     hangs = sum(1 for incident in incidents if is_hang(incident)) - exits
+    notices, warnings = (sum(1 for incident in incidents if incident.get("severity") == severity)
+                         for severity in ("notice", "warning"))
     resumed = sum(1 for incident in incidents if "resumed_at" in incident)
     counted = f"{len(incidents)} incident{'s' if len(incidents) > 1 else ''}"
     contradicted = f", {resumed} of them contradicted by the job" if resumed else ""
     kinds = ", ".join(f"{n} {word}{'s' if n > 1 else ''}{contradicted if word == 'hang' else ''}"
-                      for n, word in ((exits, "exit"), (hangs, "hang")) if n)
-    kinds = f" ({kinds})" if kinds else ""
-    latest = printable(str(incidents[-1]["id"]))
-    return (f"{counted}{kinds}, stored in {db}: `watchdog incidents show {latest}` shows "
-            "the latest")
+                      for n, word in ((exits, "exit"), (hangs, "hang"), (notices, "notice"),
+                                      (warnings, "warning")) if n)
+    return f"{counted} ({kinds}){_where_text(end)}"
+
+
+def _where_text(end: RunEnd) -> str:
+    latest = printable(str(end.incidents[-1]["id"]))
+    if end.unstored is None:
+        return (f", stored in {end.db}: `watchdog incidents show {latest}{end.db_option}` "
+                "shows the latest")
+    some = "" if end.unstored.count == len(end.incidents) else f"{end.unstored.count} of them "
+    if end.unstored.kept is not None:
+        return (f"; {some}not stored: {end.db} refused them; they wait in "
+                f"{end.unstored.kept}, stored the next time a watchdog opens {end.db}")
+    return f"; {some}not stored: {end.db} refused them, and they are only printed above"

@@ -7,6 +7,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.recorder import Recorder
 
 
@@ -20,6 +21,10 @@ def wrap_backward(original: Callable[..., Any], rec: Recorder) -> Callable[..., 
     def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if losses.watching and rec.enabled:
             waiting.append((steps(), tensor))
-        return original(tensor, *args, **kwargs)
+        try:
+            return original(tensor, *args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     return backward

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from watchdog.collectives import SHARES_MODEL
+from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.patches.works import PendingWorks
 from watchdog.hook.recorder import Recorder
@@ -53,7 +54,11 @@ def wrap_collective(original: Callable[..., Any], c10d: ModuleType, rec: Recorde
         if averages and checks.grads_due:
             rec.run_check(checks.reduced, args[0] if args else kwargs.get("tensor"), group)
         seq = enter(slot, op)
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
         if args[async_at] if len(args) > async_at else kwargs.get("async_op"):
             works.until_waited(result, slot, seq)
         else:
@@ -86,7 +91,11 @@ def wrap_p2p(original: Callable[..., Any], c10d: ModuleType, rec: Recorder, slot
                                else kwargs.get(group_peer_name))
         seq = rec.enter(slot, op) if slot >= 0 else 0
         rec.grad_synced()
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
         if slot >= 0 and asynchronous:
             works.until_waited(result, slot, seq)
         elif slot >= 0:

@@ -15,6 +15,7 @@ from typing import Any
 
 from watchdog.collectives import DDP_INIT_OP
 from watchdog.hook.environment import EnvironmentRecord
+from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.recorder import Recorder
 
@@ -46,7 +47,11 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
                 rec.enter(slot, DDP_OP, True)
             if checks.batch_due:
                 rec.run_check(checks.batch, ddp, inputs, kwargs)
-        return original(ddp, *inputs, **kwargs)
+        try:
+            return original(ddp, *inputs, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     return forward
 

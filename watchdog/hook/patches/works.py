@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.recorder import Recorder
 
 Ends = tuple[tuple[int, int], ...]  # the (slot, seq)s of the calls a work handle stands for
@@ -58,7 +59,11 @@ def patch_work_wait(work_class: Any, rec: Recorder,
 
     @functools.wraps(original)
     def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(work, *args, **kwargs)
+        try:
+            result = original(work, *args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
         if handles and rec.enabled:
             try:
                 ends = handles.pop(work, None)
