@@ -209,6 +209,12 @@ class Checks:
     `collect`. One object for the life of the process: the patches bind it when torch is
     imported, before an armed process (mp.spawn's) knows its checks (`configure`)."""
 
+    # batch_due, grads_due and losses are read in every step: slots make each read one load.
+    __slots__ = ("_change", "_due", "_ever_synced", "_modules", "_optimizers", "_pending",
+                 "_prints", "_reduced", "_reuse_epoch", "_reuse_step", "_reuses", "_samplers",
+                 "_steps", "_taken", "_wrapped", "batch_due", "enabled", "every", "grads_due",
+                 "losses", "torch")
+
     def __init__(self, enabled: frozenset[str], every: int, steps: Callable[[], int]) -> None:
         self.enabled = enabled
         self.every = every

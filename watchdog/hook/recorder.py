@@ -55,7 +55,6 @@ class Recorder:
         "_pace",
         "_pending",
         "_phase",
-        "_steps",
         "check_at",
         "checks",
         "compiling_since",
@@ -67,6 +66,7 @@ class Recorder:
         "grad_syncs",
         "identity",
         "pid",
+        "steps",
         "writer",
     )
 
@@ -87,7 +87,7 @@ class Recorder:
         # waiting for this rank's next event, since each event completes the one before.
         self._completed: dict[int, int] = {}
         self._pending: tuple[int, int] | None = None
-        self._steps = 0
+        self.steps = 0  # optimizer steps (or watchdog.step() calls) counted
         self._manual_steps = False
         self._phase = NO_PHASE
         self._pace = PaceTracker()  # fed by each publish
@@ -128,7 +128,8 @@ class Recorder:
 
     # enter() and optimizer_stepped() run in every training step, right after the rank waited
     # in a collective: with cold caches each Python call costs about a microsecond there, so
-    # they call no helper of their own.
+    # they call no helper of their own, and the wrappers read `steps` and count `grad_syncs`
+    # without a call.
     def enter(self, slot: int, op: bytes, pending: bool = False) -> int:
         """Record entering the next collective of group `slot`; returns its seq (0 on a fault).
         A `pending` collective is one whose end Python never sees (DDP's all-reduce): it
@@ -176,12 +177,12 @@ class Recorder:
         so a loop with several optimizers, or with both, counts each step once."""
         if self.enabled:
             if not self._manual_steps:
-                self._steps += 1
+                self.steps += 1
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
-            if self._steps >= self.check_at:
+            if self.steps >= self.check_at:
                 self._check(optimizer)
 
     def run_check(self, check: Callable[..., None], *args: Any) -> None:
@@ -193,19 +194,19 @@ class Recorder:
 
     def _check(self, optimizer: object) -> None:
         try:
-            self.check_at = self.checks.stepped(self._steps, optimizer)
+            self.check_at = self.checks.stepped(self.steps, optimizer)
         except Exception as e:
             self.fail(e)
 
     def steps_taken(self) -> int:
-        return self._steps
+        return self.steps
 
     def step(self) -> None:
         """Count a training step by hand; from now on optimizer steps are not counted."""
         if self.enabled:
             self._manual_steps = True
             self.optimizer_stepped(None, None, None)
-            self._steps += 1
+            self.steps += 1
 
     def compile_started(self) -> None:
         """torch.compile began compiling (a frame, or a backward it compiles on first use):
@@ -224,7 +225,7 @@ class Recorder:
             # completed is copied first: a copy of entered taken after it is never behind it
             completed = self._completed.copy()
             entered = self._entered[:]
-            steps = self._steps
+            steps = self.steps
             now = time.time()
             # the beacon's event count (BeaconSnapshot.events), groups joined included
             events = (steps + writer.n_groups + sum(seq for seq, _, _ in entered)

@@ -14,13 +14,13 @@ from watchdog.hook.recorder import Recorder
 def wrap_backward(original: Callable[..., Any], rec: Recorder) -> Callable[..., Any]:
     """Keep each loss for the publisher thread to read (hook/losses.py): a reference and a
     step count, never a read of the value here, which would wait for a GPU."""
-    losses, steps = rec.checks.losses, rec.steps_taken
+    losses = rec.checks.losses
     waiting = losses.waiting
 
     @functools.wraps(original)
     def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if losses.watching and rec.enabled:
-            waiting.append((steps(), tensor))
+            waiting.append((rec.steps, tensor))
         try:
             return original(tensor, *args, **kwargs)
         except BaseException as e:

@@ -29,7 +29,7 @@ def wrap_collective(original: Callable[..., Any], c10d: ModuleType, rec: Recorde
                     slots: GroupSlots, works: PendingWorks) -> Callable[..., Any]:
     """A collective, on its group's slot. In the step before a check, what an all_reduce
     reduces goes to the checks: gradients averaged by hand (hook/averaged.py)."""
-    enter, complete, grad_synced, checks = rec.enter, rec.complete, rec.grad_synced, rec.checks
+    enter, complete, checks = rec.enter, rec.complete, rec.checks
     cached, register = slots.cache, slots.register
     op = original.__name__.encode()
     shares_model = original.__name__ in SHARES_MODEL
@@ -44,7 +44,7 @@ def wrap_collective(original: Callable[..., Any], c10d: ModuleType, rec: Recorde
         if not rec.enabled or frame(1).f_globals is c10d_globals:
             return original(*args, **kwargs)
         if shares_model:
-            grad_synced()
+            rec.grad_syncs += 1  # rec.grad_synced() without a call
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
         slot = cached.get(group)
         if slot is None:

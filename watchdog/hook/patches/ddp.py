@@ -39,7 +39,7 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
     @functools.wraps(original)
     def forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
         if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
-            rec.grad_synced()
+            rec.grad_syncs += 1  # rec.grad_synced() without a call: it runs in every step
             slot = cached.get(ddp.process_group)
             if slot is None:
                 slot = register(ddp.process_group, ddp.process_group, None)
