@@ -278,6 +278,7 @@ class RankState:
     rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
     evidence: CheckEvidence = NO_EVIDENCE
     environment: Environment | None = None  # in the few reports after the hook recorded it
+    waited: float = 0.0  # seconds spent inside collectives in all, by the rank's own clock
 
     @property
     def alive(self) -> bool:

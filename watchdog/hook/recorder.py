@@ -67,6 +67,7 @@ class Recorder:
         "grad_syncs",
         "identity",
         "pid",
+        "wait_s",
         "writer",
     )
 
@@ -95,6 +96,9 @@ class Recorder:
         self.check_at = self.checks.first_check  # the step count at which checks next run
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
         self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
+        # Seconds spent inside blocking collectives and DDP's backward: who waits least is
+        # whom the others wait for (straggler detection compares it across ranks).
+        self.wait_s = 0.0
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
@@ -157,6 +161,7 @@ class Recorder:
 
     def complete(self, slot: int, seq: int) -> None:
         self._completed[slot] = seq
+        self.wait_s += time.time() - self._entered[slot][2]  # by the clock enter() read
 
     def waited(self, ends: tuple[tuple[int, int], ...]) -> None:
         """Async collectives or transfers whose wait() returned: completed, unless their group
@@ -233,7 +238,7 @@ class Recorder:
             checks = self.checks.collect(steps, self.grad_syncs)
             writer.publish(steps, entered, completed, now, pace, checks,
                            progress_at=self._pace.progress_at,
-                           compiling_since=self.compiling_since)
+                           compiling_since=self.compiling_since, waited=self.wait_s)
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)
