@@ -53,10 +53,12 @@ class Kind(_Text):
     NONFINITE_LOSS = "NONFINITE_LOSS"
     ENV_MISMATCH = "ENV_MISMATCH"
     SHARED_DEVICE = "SHARED_DEVICE"
+    # A notice beside the job: ranks the others persistently wait for.
+    STRAGGLER = "STRAGGLER"
 
     @property
     def severity(self) -> Severity:
-        if self is Kind.RANK_BUSY:
+        if self in (Kind.RANK_BUSY, Kind.STRAGGLER):
             return Severity.NOTICE
         return Severity.WARNING if self in FINDINGS else Severity.HANG
 
