@@ -54,8 +54,10 @@ def test_a_rank_slow_in_its_compute_is_named_there(watch: Any, tmp_path: Path) -
 
 def test_jitter_on_every_rank_and_rank_0s_periodic_work_are_no_straggler(
         watch: Any, tmp_path: Path) -> None:
-    # steps of 0.05-0.15 s on every rank; rank 0 works 0.4 s more every 5th step
-    run = watch("--jitter", "0.1", "--rank0-every", "5", "--steps", "200", script=JOB,
+    # steps of 0.05-0.15 s on every rank; rank 0 works 2 s more every 20th step (logging, an
+    # evaluation)
+    run = watch("--jitter", "0.1", "--rank0-every", "20", "--slow-s", "2", "--steps", "300",
+                script=JOB,
                 watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output
     assert "finished 200 steps" in run.output
