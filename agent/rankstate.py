@@ -58,7 +58,7 @@ def rank_state(worker: Worker, now: float) -> RankState:
         rendezvous=setup.rendezvous,
         evidence=check_evidence(snap.checks, worker.carries_fingerprints),
         environment=snap.environment if worker.carries_environment else None,
-        waited=snap.waited)
+        waited=snap.waited, waited_sq=snap.waited_sq)
 
 
 def _members(ranks: tuple[int, ...] | range, world_size: int) -> tuple[int, ...]:

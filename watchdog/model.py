@@ -281,6 +281,7 @@ class RankState:
     evidence: CheckEvidence = NO_EVIDENCE
     environment: Environment | None = None  # in the few reports after the hook recorded it
     waited: float = 0.0  # seconds spent inside collectives in all, by the rank's own clock
+    waited_sq: float = 0.0  # the sum of each step's seconds there, squared
 
     @property
     def alive(self) -> bool:

@@ -4,9 +4,12 @@ rank's steps and seconds waited in collectives, once a second."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from tests.helpers.builders import rank
 from watchdog.coordinator.straggler import HOLD_S, StragglerTracker
+from watchdog.report.job_pages import job_page
+from watchdog.report.terminal import render_status
 
 STEP_S = 0.1
 
@@ -19,6 +22,7 @@ def _feed(tracker: StragglerTracker, seconds: int, extra: dict[int, float], star
     rng = random.Random(seed)
     steps = dict.fromkeys(range(4), 5 + start * 5)
     waited = dict.fromkeys(range(4), 0.0)
+    squared = dict.fromkeys(range(4), 0.0)
     for second in range(start, start + seconds):
         for step in range(5):
             own = {r: STEP_S + extra.get(r, 0.0) + rng.uniform(0, jitter) for r in range(4)}
@@ -27,9 +31,11 @@ def _feed(tracker: StragglerTracker, seconds: int, extra: dict[int, float], star
             slowest = max(own.values())
             for r in range(4):
                 waited[r] += slowest - own[r]
+                squared[r] += (slowest - own[r]) ** 2
                 steps[r] += 1
         for r in range(4):
-            tracker.observe(rank(r, steps=steps[r], waited=waited[r]), float(second))
+            tracker.observe(rank(r, steps=steps[r], waited=waited[r], waited_sq=squared[r]),
+                            float(second))
 
 
 def test_a_rank_slower_by_a_fixed_amount_is_named_with_what_it_costs() -> None:
@@ -53,6 +59,21 @@ def test_jitter_on_every_rank_and_rank_0s_periodic_work_name_no_one() -> None:
         assert slowest is not None and slowest.stragglers == (), (seed, slowest)
 
 
+def test_rank_0s_work_every_few_steps_within_each_report_is_a_phase_not_a_straggler() -> None:
+    # 0.4 s every 5 steps of 0.1 s: one in every report interval, so each interval reads as
+    # rank 0 costing the others 0.08 s a step; the waits per step say it is one step in five
+    for seed in range(5):
+        tracker = StragglerTracker()
+        _feed(tracker, 20, {}, jitter=0.02, periodic=(0, 5, 0.4), seed=seed)
+        slowest = tracker.slowest(4)
+        assert slowest is not None and slowest.rank == 0 and slowest.lost > 0.05, slowest
+        assert slowest.stragglers == (), (seed, slowest)
+    # the same cost spread over every step is a straggler
+    tracker = StragglerTracker()
+    _feed(tracker, 20, {0: 0.08}, jitter=0.02)
+    assert tracker.slowest(4).stragglers == (0,)  # type: ignore[union-attr]
+
+
 def test_the_first_steps_and_a_job_with_ranks_missing_are_not_compared() -> None:
     tracker = StragglerTracker()
     _feed(tracker, 5, {3: 0.4})
@@ -71,3 +92,30 @@ def test_a_straggler_that_catches_up_ends_its_notice() -> None:
     assert tracker.evaluate(tracker.slowest(4), 41.0) is None
     assert tracker.evaluate(tracker.slowest(4), 41.0 + HOLD_S) == ()
     assert tracker.called == ()
+
+
+def _status_job(ended: bool) -> Any:
+    notice: dict[str, Any] = {
+        "id": "abc123", "kind": "STRAGGLER", "severity": "notice", "job_id": "j",
+        "summary": "rank 3 (host node-b) holds the job back 0.41 s per step (82% of each step), "
+                   "in read_shard at data.py:16",
+        "finding": {"cause": "...", "fix": "Look at the slow rank"}, "culprit_ranks": [3]}
+    if ended:
+        notice["ended_at"] = 1.0
+    return {"job_id": "j", "state": "RUNNING", "world_size": 4, "nodes": ["node-b"], "ranks": [],
+            "verdict": None, "findings": [notice], "flagged": [],
+            "slowest": {"rank": 3, "host": "node-b", "lost_per_step": 0.41, "share": 0.82,
+                        "straggler": not ended}}
+
+
+def test_status_and_the_job_page_show_the_notice_and_the_slowest_rank() -> None:
+    text = render_status({"jobs": [_status_job(ended=False)]})
+    assert "STRAGGLER (notice): rank 3 (host node-b) holds the job back 0.41 s" in text, text
+    assert ("slowest: rank 3 (host node-b), the others wait 0.41 s per step for it (82% of a "
+            "step): a straggler") in text, text
+    assert "STRAGGLER (notice, ended)" in render_status({"jobs": [_status_job(ended=True)]})
+    page = job_page(_status_job(ended=True))
+    assert "<h2>Findings and notices</h2>" in page
+    assert "STRAGGLER</span> notice · ended" in page and "holds the job back 0.41 s" in page
+    assert 'href="/incidents/abc123"' in page, page
+    assert "below the straggler" in page

@@ -13,8 +13,8 @@ rank, so there is nothing to migrate):
   6. the rank's environment (versions, how it set its process group up, its CUDA devices),
      written once at init_process_group and once when DDP wraps a CUDA module, at the end
      (OFF_ENVIRONMENT);
-  7. the seconds the rank has waited inside collectives, in all, by its own clock (straggler
-     detection), after the environment (OFF_WAITED).
+  7. the seconds the rank has waited inside collectives, in all, by its own clock, and the sum
+     of each step's, squared (straggler detection), after the environment (OFF_WAITED).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
 # process group and the first DDP module on CUDA use (0, as a new beacon holds: none), the
 # torch, CUDA, NCCL, Python and watchdog versions, CUDA_VISIBLE_DEVICES
 ENVIRONMENT = struct.Struct("<iii4x32s32s16s16s16s16s256s")
-WAITED = struct.Struct("<d")  # seconds spent waiting inside collectives since the rank began
+WAITED = struct.Struct("<dd")  # seconds spent inside collectives since the rank began; the
+# sum of each step's seconds there, squared (how evenly the steps wait)
 MAX_VISIBLE_DEVICES = 256  # bytes of CUDA_VISIBLE_DEVICES kept: 6 GPU UUIDs, or 64 indexes
 
 OFF_SEQ = 16

@@ -105,7 +105,7 @@ def _identity(data: bytes, attempt: int) -> Identity:
 
 
 def _parse(data: bytes, start: bytes, checks: bytes, env: bytes,
-           waited: float) -> BeaconSnapshot:
+           waited: tuple[float, float]) -> BeaconSnapshot:
     """The snapshot of the regions a reader copied: the head and the used group slots, the
     start-up region (from OFF_START), the checks region (from OFF_CHECKS), the environment
     (from OFF_ENVIRONMENT), and the seconds waited in collectives (OFF_WAITED)."""
@@ -128,7 +128,7 @@ def _parse(data: bytes, start: bytes, checks: bytes, env: bytes,
         progress_at=progress_at, pace=_pace(gap_p99, gaps), compiling_since=compiling_since,
         setup=Setup(call=_text(call), entered_at=setup_at, rendezvous=_text(rendezvous)),
         raised=_raised(start, reason_len), checks=_checks(checks),
-        environment=_environment(env), waited=waited)
+        environment=_environment(env), waited=waited[0], waited_sq=waited[1])
 
 
 def _check_header(buf: bytes | mmap.mmap) -> None:
@@ -168,7 +168,7 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
                 start = bytes(head[layout.OFF_START:layout.OFF_REASON + layout.MAX_EXIT_REASON])
                 checks = bytes(head[layout.OFF_CHECKS:layout.OFF_ENVIRONMENT])
                 env = bytes(head[layout.OFF_ENVIRONMENT:layout.OFF_WAITED])
-                (waited,) = layout.WAITED.unpack_from(head, layout.OFF_WAITED)
+                waited = layout.WAITED.unpack_from(head, layout.OFF_WAITED)
                 if words[seq] == before:
                     return _parse(data, start, checks, env, waited)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.

@@ -195,6 +195,7 @@ class BeaconSnapshot:
     checks: CheckState = NO_CHECKS
     environment: Environment = NO_ENVIRONMENT  # until the rank calls init_process_group
     waited: float = 0.0  # seconds spent inside collectives, by the rank's own clock
+    waited_sq: float = 0.0  # the sum of each step's seconds there, squared
 
     @property
     def events(self) -> int:

@@ -12,9 +12,12 @@ an interval between two samples gives a rate, seconds waited per step. A rank is
 when even its upper quartile rate stays below the lower quartile of the ranks that wait, by at
 least MIN_LOST_S and MIN_SHARE of a step: so in most of its intervals, not in one slow step nor
 in a periodic phase (rank 0's logging or evaluation every few steps, a RANK_BUSY matter when
-long), which leaves most intervals alike. It must hold for HOLD_S before it is called, and
-ends once it failed for HOLD_S. A rank's first SKIP_STEPS steps (compiling, warming caches,
-the first batch) are never compared.
+long), which leaves most intervals alike. A phase shorter than an interval falls in every one,
+so each rank also sends the sum of its steps' waits squared: a deficit d spread over a share f
+of the steps adds d^2 (1 - f) / f to the variance of the waiters' waits per step, so
+f = d^2 / (d^2 + that excess), and the deficit must be spread over at least MIN_SPREAD of the
+steps. It must hold for HOLD_S before it is called, and ends once it failed for HOLD_S. A
+rank's first SKIP_STEPS steps (compiling, warming caches, the first batch) are never compared.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ SKIP_STEPS = 5  # a rank's first steps: compiling, warming caches, its first bat
 HOLD_S = 10.0  # how long the gap must hold before it is called, and fail before it ends
 MIN_LOST_S = 0.05  # seconds lost per step, at least...
 MIN_SHARE = 0.1  # ...and this share of a step
+MIN_SPREAD = 0.5  # ...spread over at least this share of the steps, not a phase in a few
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,18 @@ class _Rates:
     median: float
     p75: float
     step: float
+    mean: float  # seconds waited per step over the window
+    variance: float  # of the seconds waited per step over the window
+
+
+def _spread(rank: _Rates, waiters: list[_Rates]) -> float:
+    """The share of the steps the rank's deficit is spread over: 1 when the others wait for
+    it alike at every step, 1/k when they wait k times as long in one step of k."""
+    deficit = statistics.median(w.mean for w in waiters) - rank.mean
+    if deficit <= 0:
+        return 0.0
+    excess = max(0.0, statistics.median(w.variance for w in waiters) - rank.variance)
+    return deficit * deficit / (deficit * deficit + excess)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -64,15 +80,15 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 
 @dataclass
 class _Samples:
-    """One rank's (received, steps, waited), oldest first."""
+    """One rank's (received, steps, waited, waited squared), oldest first."""
 
     pid: int
-    kept: deque[tuple[float, int, float]] = field(default_factory=deque)
+    kept: deque[tuple[float, int, float, float]] = field(default_factory=deque)
 
-    def add(self, at: float, steps: int, waited: float) -> None:
+    def add(self, at: float, steps: int, waited: float, squared: float) -> None:
         if self.kept and steps <= self.kept[-1][1]:
             return
-        self.kept.append((at, steps, waited))
+        self.kept.append((at, steps, waited, squared))
         while self.kept and at - self.kept[0][0] > WINDOW_S:
             self.kept.popleft()
 
@@ -81,13 +97,16 @@ class _Samples:
         if len(kept) <= MIN_INTERVALS:
             return None
         waits, steps = [], []
-        for (at0, steps0, waited0), (at1, steps1, waited1) in zip(kept, list(kept)[1:],
-                                                                  strict=False):
+        for (at0, steps0, waited0, _), (at1, steps1, waited1, _) in zip(kept, list(kept)[1:],
+                                                                        strict=False):
             # a wall clock stepped back inside the rank shows as a negative wait: none
             waits.append(max(0.0, waited1 - waited0) / (steps1 - steps0))
             steps.append((at1 - at0) / (steps1 - steps0))
         low, middle, high = _quartiles(waits)
-        return _Rates(low, middle, high, statistics.median(steps))
+        (_, steps0, waited0, squared0), (_, steps1, waited1, squared1) = kept[0], kept[-1]
+        mean = max(0.0, waited1 - waited0) / (steps1 - steps0)
+        variance = max(0.0, (squared1 - squared0) / (steps1 - steps0) - mean * mean)
+        return _Rates(low, middle, high, statistics.median(steps), mean, variance)
 
 
 @dataclass
@@ -107,7 +126,7 @@ class StragglerTracker:
         kept = self.samples.get(state.rank)
         if kept is None or kept.pid != state.pid:
             kept = self.samples[state.rank] = _Samples(state.pid)
-        kept.add(received, state.steps, state.waited)
+        kept.add(received, state.steps, state.waited, state.waited_sq)
 
     def slowest(self, world_size: int) -> Slowest | None:
         """The rank waiting least, once every rank of the world has a window to compare."""
@@ -121,7 +140,9 @@ class StragglerTracker:
         first = rates[by_wait[0]]
         margin = max(MIN_LOST_S, MIN_SHARE * first.step)
         stragglers = tuple(sorted(r for r in by_wait[:len(by_wait) // 2]
-                                  if rates[r].p75 <= reference - margin))
+                                  if rates[r].p75 <= reference - margin
+                                  and _spread(rates[r], [rates[w] for w in waiters])
+                                  >= MIN_SPREAD))
         return Slowest(by_wait[0], max(0.0, typical - first.median), first.step, stragglers)
 
     def evaluate(self, slowest: Slowest | None, now: float) -> tuple[int, ...] | None:

@@ -56,6 +56,7 @@ class Recorder:
         "_pending",
         "_phase",
         "_steps",
+        "_wait_mark",
         "check_at",
         "checks",
         "compiling_since",
@@ -68,6 +69,7 @@ class Recorder:
         "identity",
         "pid",
         "wait_s",
+        "wait_sq",
         "writer",
     )
 
@@ -99,6 +101,9 @@ class Recorder:
         # Seconds spent inside blocking collectives and DDP's backward: who waits least is
         # whom the others wait for (straggler detection compares it across ranks).
         self.wait_s = 0.0
+        # each step's wait squared, summed: a deficit spread over most steps is a straggler's,
+        # one concentrated in a few is a periodic phase's
+        self.wait_sq = self._wait_mark = 0.0
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
@@ -182,6 +187,8 @@ class Recorder:
         if self.enabled:
             if not self._manual_steps:
                 self._steps += 1
+            waited = self.wait_s - self._wait_mark
+            self._wait_mark, self.wait_sq = self.wait_s, self.wait_sq + waited * waited
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
@@ -238,7 +245,7 @@ class Recorder:
             checks = self.checks.collect(steps, self.grad_syncs)
             writer.publish(steps, entered, completed, now, pace, checks,
                            progress_at=self._pace.progress_at,
-                           compiling_since=self.compiling_since, waited=self.wait_s)
+                           compiling_since=self.compiling_since, waited=(self.wait_s, self.wait_sq))
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)
