@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tests.helpers.builders import rank
+from tests.helpers.builders import exited, rank
 from watchdog.coordinator.straggler import HOLD_S, StragglerTracker
 from watchdog.report.job_pages import job_page
 from watchdog.report.terminal import render_status
@@ -48,6 +48,9 @@ def test_a_rank_slower_by_a_fixed_amount_is_named_with_what_it_costs() -> None:
     assert tracker.evaluate(slowest, 20.0) is None  # not for HOLD_S yet
     assert tracker.evaluate(slowest, 20.0 + HOLD_S) == (3,)
     assert tracker.evaluate(slowest, 40.0) is None  # said once
+    # a rank that exits (the job ends) leaves no window to compare: the gauge goes with it
+    tracker.observe(exited(rank(0, steps=200), 1.0, 0, True), 21.0)
+    assert tracker.slowest(4) is None
 
 
 def test_jitter_on_every_rank_and_rank_0s_periodic_work_name_no_one() -> None:
