@@ -57,7 +57,8 @@ def rank_state(worker: Worker, now: float) -> RankState:
         setup=setup.call, setup_age=_age(now, setup.entered_at) if setup.call else None,
         rendezvous=setup.rendezvous,
         evidence=check_evidence(snap.checks, worker.carries_fingerprints),
-        environment=snap.environment if worker.carries_environment else None)
+        environment=snap.environment if worker.carries_environment else None,
+        waited=snap.waited, waited_sq=snap.waited_sq)
 
 
 def _members(ranks: tuple[int, ...] | range, world_size: int) -> tuple[int, ...]:

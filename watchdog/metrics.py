@@ -54,6 +54,11 @@ VERDICT_SECONDS = Histogram(
     "verdict_latency_seconds",
     "From the start of a diagnosis to its stored incident (stacks, verdict, storage)",
     namespace=NAMESPACE, registry=REGISTRY, buckets=_SECONDS)
+STRAGGLER_LOST = Gauge(
+    "straggler_lost_seconds_per_step",
+    "Seconds per step a job's other ranks wait for its slowest rank (a STRAGGLER notice once "
+    "it persists); absent while the job's ranks have no window to compare",
+    ["job"], namespace=NAMESPACE, registry=REGISTRY)
 WEBHOOK_DELIVERIES = Counter("webhook_deliveries", "Incident webhook posts, by outcome",
                              ["outcome"], namespace=NAMESPACE, registry=REGISTRY)
 

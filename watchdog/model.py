@@ -53,10 +53,12 @@ class Kind(_Text):
     NONFINITE_LOSS = "NONFINITE_LOSS"
     ENV_MISMATCH = "ENV_MISMATCH"
     SHARED_DEVICE = "SHARED_DEVICE"
+    # A notice beside the job: ranks the others persistently wait for.
+    STRAGGLER = "STRAGGLER"
 
     @property
     def severity(self) -> Severity:
-        if self is Kind.RANK_BUSY:
+        if self in (Kind.RANK_BUSY, Kind.STRAGGLER):
             return Severity.NOTICE
         return Severity.WARNING if self in FINDINGS else Severity.HANG
 
@@ -278,6 +280,8 @@ class RankState:
     rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
     evidence: CheckEvidence = NO_EVIDENCE
     environment: Environment | None = None  # in the few reports after the hook recorded it
+    waited: float = 0.0  # seconds spent inside collectives in all, by the rank's own clock
+    waited_sq: float = 0.0  # the sum of each step's seconds there, squared
 
     @property
     def alive(self) -> bool:

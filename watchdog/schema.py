@@ -211,6 +211,16 @@ class Flagged(TypedDict):
     reason: str
 
 
+class SlowestRank(TypedDict):
+    """The rank the others wait for most, whether or not it is called a straggler yet."""
+
+    rank: int
+    host: str
+    lost_per_step: float  # seconds the others wait for it per step
+    share: float  # of each step
+    straggler: bool  # held the job back long enough to be called (a STRAGGLER notice)
+
+
 class StatusJob(TypedDict):
     job_id: str
     attempt: int
@@ -222,6 +232,7 @@ class StatusJob(TypedDict):
     verdict: Incident | None
     findings: list[Incident]
     flagged: list[Flagged]
+    slowest: SlowestRank | None
 
 
 class Status(TypedDict):

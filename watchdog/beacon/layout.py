@@ -12,7 +12,9 @@ rank, so there is nothing to migrate):
   5. when the compile under way began (torch.compile), after the pace (OFF_COMPILING);
   6. the rank's environment (versions, how it set its process group up, its CUDA devices),
      written once at init_process_group and once when DDP wraps a CUDA module, at the end
-     (OFF_ENVIRONMENT).
+     (OFF_ENVIRONMENT);
+  7. the seconds the rank has waited inside collectives, in all, by its own clock, and the sum
+     of each step's, squared (straggler detection), after the environment (OFF_WAITED).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"THWBEACN"
-VERSION = 6
+VERSION = 7
 MAX_GROUPS = 16
 MAX_LISTED_RANKS = 256
 ALL_WORLD = -1  # n_listed for a group that spans the whole world, at any size
@@ -70,6 +72,8 @@ FINGERPRINT = struct.Struct("<IIQQ32s")  # of, module, step, digest, group
 # process group and the first DDP module on CUDA use (0, as a new beacon holds: none), the
 # torch, CUDA, NCCL, Python and watchdog versions, CUDA_VISIBLE_DEVICES
 ENVIRONMENT = struct.Struct("<iii4x32s32s16s16s16s16s256s")
+WAITED = struct.Struct("<dd")  # seconds spent inside collectives since the rank began; the
+# sum of each step's seconds there, squared (how evenly the steps wait)
 MAX_VISIBLE_DEVICES = 256  # bytes of CUDA_VISIBLE_DEVICES kept: 6 GPU UUIDs, or 64 indexes
 
 OFF_SEQ = 16
@@ -97,10 +101,11 @@ START_REGION = 4096  # reserved; the checks begin after it
 OFF_CHECKS = OFF_START + START_REGION
 OFF_FINGERPRINTS = OFF_CHECKS + CHECKS.size
 OFF_ENVIRONMENT = OFF_FINGERPRINTS + MAX_FINGERPRINTS * FINGERPRINT.size
-SIZE = OFF_ENVIRONMENT + ENVIRONMENT.size
+OFF_WAITED = OFF_ENVIRONMENT + ENVIRONMENT.size
+SIZE = OFF_WAITED + WAITED.size
 
 assert OFF_PROGRESS + PROGRESS.size <= OFF_PACE and OFF_COMPILING + COMPILING.size <= OFF_GROUPS
-assert OFF_CHECKS % 8 == OFF_COMPILING % 8 == OFF_ENVIRONMENT % 8 == 0
+assert OFF_CHECKS % 8 == OFF_COMPILING % 8 == OFF_ENVIRONMENT % 8 == OFF_WAITED % 8 == 0
 assert OFF_PROGRESS % 8 == OFF_PACE % 8 == OFF_GROUPS % 8 == GROUP_SLOT_SIZE % 8 == 0
 assert OFF_ENTERED_SEQ % 8 == 0 and OFF_START % 8 == 0
 assert START.size + MAX_EXIT_REASON <= START_REGION

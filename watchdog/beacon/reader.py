@@ -104,10 +104,11 @@ def _identity(data: bytes, attempt: int) -> Identity:
                     host=_text(host), pid=pid, created_at=created, attempt=attempt)
 
 
-def _parse(data: bytes, start: bytes, checks: bytes, env: bytes) -> BeaconSnapshot:
-    """The snapshot of the four regions a reader copied: the head and the used group slots,
-    the start-up region (from OFF_START), the checks region (from OFF_CHECKS) and the
-    environment (from OFF_ENVIRONMENT)."""
+def _parse(data: bytes, start: bytes, checks: bytes, env: bytes,
+           waited: tuple[float, float]) -> BeaconSnapshot:
+    """The snapshot of the regions a reader copied: the head and the used group slots, the
+    start-up region (from OFF_START), the checks region (from OFF_CHECKS), the environment
+    (from OFF_ENVIRONMENT), and the seconds waited in collectives (OFF_WAITED)."""
     (steps, step_at, n_groups, exit_state, exit_code, exited_at, phase, phase_started,
      phase_timeout) = layout.PROGRESS.unpack_from(data, layout.OFF_PROGRESS)
     if n_groups > layout.MAX_GROUPS:
@@ -127,7 +128,7 @@ def _parse(data: bytes, start: bytes, checks: bytes, env: bytes) -> BeaconSnapsh
         progress_at=progress_at, pace=_pace(gap_p99, gaps), compiling_since=compiling_since,
         setup=Setup(call=_text(call), entered_at=setup_at, rendezvous=_text(rendezvous)),
         raised=_raised(start, reason_len), checks=_checks(checks),
-        environment=_environment(env))
+        environment=_environment(env), waited=waited[0], waited_sq=waited[1])
 
 
 def _check_header(buf: bytes | mmap.mmap) -> None:
@@ -166,9 +167,10 @@ def read_beacon(buf: bytes | mmap.mmap, attempts: int = 10_000) -> BeaconSnapsho
                 data = bytes(head[:layout.group_base(n_groups)])
                 start = bytes(head[layout.OFF_START:layout.OFF_REASON + layout.MAX_EXIT_REASON])
                 checks = bytes(head[layout.OFF_CHECKS:layout.OFF_ENVIRONMENT])
-                env = bytes(head[layout.OFF_ENVIRONMENT:layout.SIZE])
+                env = bytes(head[layout.OFF_ENVIRONMENT:layout.OFF_WAITED])
+                waited = layout.WAITED.unpack_from(head, layout.OFF_WAITED)
                 if words[seq] == before:
-                    return _parse(data, start, checks, env)
+                    return _parse(data, start, checks, env, waited)
             # The writer is mid-record; on a busy node it may be descheduled there: let it run.
             time.sleep(0)
     raise BeaconError(f"beacon kept changing during {attempts} read attempts")

@@ -194,6 +194,8 @@ class BeaconSnapshot:
     raised: RaisedException | None = None  # what ended it, when an exception did
     checks: CheckState = NO_CHECKS
     environment: Environment = NO_ENVIRONMENT  # until the rank calls init_process_group
+    waited: float = 0.0  # seconds spent inside collectives, by the rank's own clock
+    waited_sq: float = 0.0  # the sum of each step's seconds there, squared
 
     @property
     def events(self) -> int:

@@ -237,16 +237,20 @@ class BeaconWriter:
 
     def publish(self, steps: int, entered: Sequence[Entered], completed: Mapping[int, int],
                 now: float, pace: Pace | None = None, checks: CheckState | None = None,
-                progress_at: float = 0.0, compiling_since: float = 0.0) -> None:
+                progress_at: float = 0.0, compiling_since: float = 0.0,
+                waited: tuple[float, float] = (0.0, 0.0)) -> None:
         """Record the rank's progress as one consistent record: the step count (stamped `now`
         when it changed) and, for each registered group, its last collective entered as
         (seq, op, time) and its last completed seq. An UNTIMED entry is stamped `now` by the
         first publish that sees its seq. `pace`, where given, replaces the pace and when the
         rank last progressed; `checks`, where given, replaces the checks' state;
-        `compiling_since` is when the compile under way began (0: none)."""
+        `compiling_since` is when the compile under way began (0: none); `waited`, the seconds
+        spent inside collectives so far and the sum of each step's, squared."""
         stores = self._stores
         with self._lock:
             stores.compiling(compiling_since)
+            at = layout.OFF_WAITED // 8
+            stores.doubles[at], stores.doubles[at + 1] = waited
             if checks is not None:
                 _pack_checks(self._mm, checks)
             if pace is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from watchdog.coordinator.evidence import in_open_phase, progress_sign
 from watchdog.coordinator.silent_bugs import FindingTracker
 from watchdog.coordinator.stall import ProgressTracker, StallPolicy
+from watchdog.coordinator.straggler import Slowest, StragglerTracker
 from watchdog.frames import python_frames
 from watchdog.model import Frame, GroupProgress, JobSnapshot, RankStack, RankState
 
@@ -55,6 +56,9 @@ class JobView:
     probe_progress: int = 0
     # Silent bugs: warnings in their own state, so they never hide a hang nor wait for one.
     findings: FindingTracker = field(default_factory=FindingTracker)
+    # Who the others wait for (a STRAGGLER notice), and the slowest rank as last measured.
+    stragglers: StragglerTracker = field(default_factory=StragglerTracker)
+    slowest: Slowest | None = None
 
     def __post_init__(self) -> None:
         self.tracker = ProgressTracker(self.policy)
@@ -97,6 +101,8 @@ class JobView:
         self.ranks[state.rank] = state
         self.nodes[state.rank] = node
         self.findings.observe(state)
+        if received is not None:
+            self.stragglers.observe(state, received)
         undated = True  # a change no hook dated is dated by its arrival
         if received is not None and state.progress_age is not None:
             undated = fresh  # a rank starting is progress, whenever its hook last stamped any

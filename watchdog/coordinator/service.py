@@ -49,6 +49,7 @@ from watchdog.coordinator.settle import settle_exits
 from watchdog.coordinator.stack_requests import StackRequests
 from watchdog.coordinator.stall import StallPolicy
 from watchdog.coordinator.store import IncidentStore
+from watchdog.coordinator.straggler_notice import StragglerNotices, slowest_json
 from watchdog.model import FINDINGS, JobSnapshot, Kind, NodeReport, StatusQuery, Verdict
 from watchdog.schema import Incident, StatusJob
 from watchdog.text import printable
@@ -69,7 +70,8 @@ IncidentListener = Callable[[Incident], None]
 # how long its stall lasted, in seconds.
 EndedListener = Callable[[Incident, float], None]
 StillHungListener = Callable[[StillHung], None]
-JUDGED_KINDS = tuple(kind.value for kind in Kind if kind not in FINDINGS)  # hangs and notices
+# hangs and RANK_BUSY: what a job's judgement tells (a STRAGGLER is told beside it)
+JUDGED_KINDS = tuple(k.value for k in Kind if k not in FINDINGS and k is not Kind.STRAGGLER)
 # A tick carries out at most this many actions a job: each moves its judgement on (an incident
 # closed, an exit followed, a look begun), so it takes three at most; a refused move must not
 # spin the loop.
@@ -94,6 +96,7 @@ class Coordinator:
         self.nodes = NodeSilence(tick)
         self._job_seen: dict[str, float] = {}
         self.stacks = StackRequests(self.sessions)
+        self.stragglers = StragglerNotices(self.stacks, self._announce, self._store)
         self._swept_at = 0.0
         self._in_flight: set[asyncio.Task[None]] = set()  # diagnoses and findings being told
         self.heartbeat = time.monotonic()  # the last turn of `run`: the daemon's health
@@ -170,6 +173,7 @@ class Coordinator:
         self.judgements.pop(job_id, None)
         self._job_seen.pop(job_id, None)
         self.stacks.forget(job_id)
+        self.stragglers.forget(job_id)
         self.admission.forget(job_id)
 
     def forget_old(self, now: float) -> None:
@@ -194,7 +198,8 @@ class Coordinator:
                 **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
                 "verdict": verdict,
                 "findings": list(job.findings.incidents),
-                "flagged": self.admission.to_json(job.job_id)}
+                "flagged": self.admission.to_json(job.job_id),
+                "slowest": slowest_json(job.ranks, job.slowest, job.stragglers.called)}
 
     # -- decisions --
     async def run(self, stop: asyncio.Event) -> None:
@@ -242,6 +247,8 @@ class Coordinator:
             judgement.observed(job.observe(now))
             if job.findings.pending:
                 tasks += self._report_findings(job, now)
+            if (told := self.stragglers.judge(job, now)) is not None:
+                tasks.append(told)
             for _ in range(MAX_ACTIONS):
                 action = judgement.step(job, now)
                 if isinstance(action, Wait | Nothing) or not judgement.apply(action):

@@ -81,6 +81,14 @@ CAUSES = {
         "Look at that rank's batch at that step (log the sample indices of the batch it got); "
         "guard the loss (torch.isfinite) or clip gradients only once the cause is known."),
     **environment.CAUSES,
+    Kind.STRAGGLER: (
+        "Every rank waits for the slowest at each collective, so one slow rank makes every "
+        "step as long as its own: its data (a shard that decodes slowly, a slow disk), its "
+        "compute (a throttled or shared GPU, a noisy neighbour on its CPUs) or its network. "
+        "The summary says where it spends the time the others wait.",
+        "Look at the slow rank where the summary says: its data (more DataLoader workers, a "
+        "local copy of its shard), its device (clocks, temperature, other processes on it) or "
+        "its host. A notice, never acted on: the job is not hung."),
 }
 
 

@@ -55,6 +55,7 @@ class Recorder:
         "_pace",
         "_pending",
         "_phase",
+        "_wait_mark",
         "check_at",
         "checks",
         "compiling_since",
@@ -67,6 +68,8 @@ class Recorder:
         "identity",
         "pid",
         "steps",
+        "wait_s",
+        "wait_sq",
         "writer",
     )
 
@@ -95,6 +98,12 @@ class Recorder:
         self.check_at = self.checks.first_check  # the step count at which checks next run
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
         self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
+        # Seconds spent inside blocking collectives and DDP's backward: who waits least is
+        # whom the others wait for (straggler detection compares it across ranks).
+        self.wait_s = 0.0
+        # each step's wait squared, summed: a deficit spread over most steps is a straggler's,
+        # one concentrated in a few is a periodic phase's
+        self.wait_sq = self._wait_mark = 0.0
 
     def start(self, writer: BeaconWriter, identity: Identity,
               checks: frozenset[str] = frozenset(), check_every: int = CHECK_EVERY) -> None:
@@ -158,6 +167,7 @@ class Recorder:
 
     def complete(self, slot: int, seq: int) -> None:
         self._completed[slot] = seq
+        self.wait_s += time.time() - self._entered[slot][2]  # by the clock enter() read
 
     def waited(self, ends: tuple[tuple[int, int], ...]) -> None:
         """Async collectives or transfers whose wait() returned: completed, unless their group
@@ -178,6 +188,8 @@ class Recorder:
         if self.enabled:
             if not self._manual_steps:
                 self.steps += 1
+            waited = self.wait_s - self._wait_mark
+            self._wait_mark, self.wait_sq = self.wait_s, self.wait_sq + waited * waited
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
@@ -234,7 +246,7 @@ class Recorder:
             checks = self.checks.collect(steps, self.grad_syncs)
             writer.publish(steps, entered, completed, now, pace, checks,
                            progress_at=self._pace.progress_at,
-                           compiling_since=self.compiling_since)
+                           compiling_since=self.compiling_since, waited=(self.wait_s, self.wait_sq))
             writer.heartbeat(now)
         except Exception as e:
             self.fail(e)

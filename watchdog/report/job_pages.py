@@ -11,8 +11,15 @@ from urllib.parse import quote
 
 from watchdog.model import MAX_FULL_ROWS
 from watchdog.report.groups import group_ranks
-from watchdog.report.incident_page import alike_groups, alike_table, group_table, verdict_html
+from watchdog.report.incident_page import (
+    SEVERITY_CLASS,
+    alike_groups,
+    alike_table,
+    group_table,
+    verdict_html,
+)
 from watchdog.report.page import STATE_COLORS, document, esc, state_badge, state_color
+from watchdog.report.terminal import slowest_text
 from watchdog.report.timeline import lanes_of, render_timeline
 from watchdog.schema import Frame, Incident, RankRow, Status, StatusJob
 from watchdog.text import clock, names_text, ranks_text
@@ -73,6 +80,7 @@ def job_page(job: StatusJob, asked: str = "") -> str:
     else:
         parts.append('<p class="muted">no verdict: nothing is wrong that the coordinator can '
                      "see</p>")
+    parts += _findings(job)
     parts += ["<h2>Ranks at a glance</h2>", rank_grid(rows, culprits)]
     groups = group_ranks(rows, culprits)
     parts += ["<h2>Where each rank is</h2>", render_timeline(lanes_of(groups), time.time(), "now"),
@@ -81,6 +89,23 @@ def job_page(job: StatusJob, asked: str = "") -> str:
     if alike or asked:
         parts.append(_ranks_form(asked))
     return document(f"job {job_id}", parts, refresh_s=REFRESH_S)
+
+
+def _findings(job: StatusJob) -> list[str]:
+    """The job's findings and notices beside its verdict (a STRAGGLER, a REPLICA_DESYNC), each
+    linked to its incident, and the rank the others wait for most."""
+    parts = []
+    for finding in job.get("findings") or ():
+        severity = str(finding.get("severity") or "warning")
+        ended = " · ended" if finding.get("ended_at") else ""
+        parts.append(f'<div class="verdict{SEVERITY_CLASS.get(severity, "")}"><span class="badge">'
+                     f'{esc(finding.get("kind", "?"))}</span> {esc(severity)}{ended}'
+                     f'<div class="sentence">{esc(finding.get("summary", ""))}</div>'
+                     f'<a href="{esc(incident_href(str(finding.get("id", ""))))}">the incident'
+                     "</a></div>")
+    if slowest := job.get("slowest"):
+        parts.append(f'<p class="muted">slowest: {esc(slowest_text(slowest))}</p>')
+    return ["<h2>Findings and notices</h2>", *parts] if parts else []
 
 
 def _ranks_form(asked: str) -> str:

@@ -20,6 +20,7 @@ from watchdog.schema import (
     LogFinding,
     RankGroup,
     RankRow,
+    SlowestRank,
     Status,
     StatusJob,
 )
@@ -147,12 +148,29 @@ def _render_job(job: StatusJob, color: bool) -> str:
         alarm = _ALARM if verdict.get("severity", Severity.HANG) == Severity.HANG else _CAUTION
         lines.append(_paint(f"{verdict['kind']}: {verdict['summary']}", _BOLD + alarm, color))
     for finding in job.get("findings", ()):
-        lines.append(_paint(f"{finding['kind']} (warning): {finding['summary']}", _CAUTION,
-                            color))
+        lines.append(_paint(f"{finding['kind']} ({_severity(finding)}): {finding['summary']}",
+                            _CAUTION, color))
         lines.append(f"  fix: {finding['finding']['fix']}")
+    if slowest := job.get("slowest"):
+        lines.append(f"slowest: {slowest_text(slowest)}")
     lines += [f"flagged, not trusted: rank {f['rank']} (pid {f['pid']} on {f['node']}): "
               f"{f['reason']}" for f in job.get("flagged", ())]
     return "\n".join(lines)
+
+
+def _severity(finding: Incident) -> str:
+    """'warning', or 'notice, ended' for a STRAGGLER whose ranks caught up."""
+    severity = str(finding.get("severity", Severity.WARNING))
+    return f"{severity}, ended" if finding.get("ended_at") else severity
+
+
+def slowest_text(slowest: SlowestRank) -> str:
+    """'rank 3 (host node-b), the others wait 0.41 s per step for it (82% of a step): a
+    straggler' (or 'below the straggler's threshold'): shown even when no notice is due."""
+    called = "a straggler" if slowest["straggler"] else "below the straggler's threshold"
+    return (f"rank {slowest['rank']} (host {slowest['host'] or '?'}), the others wait "
+            f"{slowest['lost_per_step']:.2f} s per step for it ({slowest['share']:.0%} of a "
+            f"step): {called}")
 
 
 def _group_cells(group: RankGroup) -> list[str]:

@@ -180,6 +180,7 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.progress_age = r.progress_age
     if r.compile_age is not None:
         m.compile_age = r.compile_age
+    m.waited, m.waited_sq = r.waited, r.waited_sq
     if r.activity.window:
         m.activity.CopyFrom(activity_to_pb(r.activity))
     if r.evidence is not NO_EVIDENCE:
@@ -209,7 +210,7 @@ def rank_from_pb(m: pb.RankState) -> RankState:
     gap_p99, gaps = m.gap_p99, m.gaps
     check_times(last_event_at + phase_age + phase_timeout + (heartbeat_age or 0.0)
                  + (exited_at or 0.0) + (progress_age or 0.0) + gap_p99 + (setup_age or 0.0)
-                 + (compile_age or 0.0))
+                 + (compile_age or 0.0) + m.waited + m.waited_sq)
     if compile_age is not None and compile_age < 0:
         raise MessageRejectedError(f"compile age {compile_age} is negative")
     return RankState(
@@ -226,7 +227,8 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
         attempt=m.attempt, setup=setup, setup_age=setup_age, rendezvous=rendezvous,
         evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE,
-        environment=environment_from_pb(m.environment) if m.HasField("environment") else None)
+        environment=environment_from_pb(m.environment) if m.HasField("environment") else None,
+        waited=m.waited, waited_sq=m.waited_sq)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:

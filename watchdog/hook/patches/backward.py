@@ -1,9 +1,11 @@
-"""The wrapper of `torch.Tensor.backward`, for the nonfinite_loss check (runs inside every
-training rank): the tensor backward() is called on is the step's loss."""
+"""The wrapper of `torch.Tensor.backward`, for the nonfinite_loss check and the straggler's
+measure (runs inside every training rank): the tensor backward() is called on is the step's
+loss, and under DDP the backward ends waiting for the gradients' all-reduce."""
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,14 +17,21 @@ def wrap_backward(original: Callable[..., Any], rec: Recorder) -> Callable[..., 
     """Keep each loss for the publisher thread to read (hook/losses.py): a reference and a
     step count, never a read of the value here, which would wait for a GPU."""
     losses = rec.checks.losses
-    waiting = losses.waiting
+    waiting, clock = losses.waiting, time.perf_counter
 
     @functools.wraps(original)
     def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if losses.watching and rec.enabled:
             waiting.append((rec.steps, tensor))
         try:
-            return original(tensor, *args, **kwargs)
+            if rec._pending is None:  # no DDP all-reduce for this backward to wait for
+                return original(tensor, *args, **kwargs)
+            # Its compute is alike on every replica and cancels out when ranks are compared:
+            # what differs is the wait for the slowest rank's gradients.
+            began = clock()
+            result = original(tensor, *args, **kwargs)
+            rec.wait_s += clock() - began
+            return result
         except BaseException as e:
             drop_own_frame(e)
             raise

@@ -83,6 +83,8 @@ class RankState(_message.Message):
     GAPS_FIELD_NUMBER: _builtins.int
     ACTIVITY_FIELD_NUMBER: _builtins.int
     COMPILE_AGE_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
+    WAITED_SQ_FIELD_NUMBER: _builtins.int
     EXIT_REASON_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     SETUP_FIELD_NUMBER: _builtins.int
@@ -115,6 +117,12 @@ class RankState(_message.Message):
     gaps: _builtins.int
     compile_age: _builtins.float
     """Seconds since the compile under way (torch.compile) began, by the agent's clock; unset: none."""
+    waited: _builtins.float
+    """Seconds the rank spent waiting inside collectives since it began, by its own clock: who
+    waits least is whom the others wait for (STRAGGLER).
+    """
+    waited_sq: _builtins.float
+    """The sum of each step's seconds waited, squared: whether the wait is spread over most steps."""
     attempt: _builtins.int
     """torchrun's restart count"""
     setup: _builtins.str
@@ -168,6 +176,8 @@ class RankState(_message.Message):
         gaps: _builtins.int = ...,
         activity: Global___Activity | None = ...,
         compile_age: _builtins.float | None = ...,
+        waited: _builtins.float = ...,
+        waited_sq: _builtins.float = ...,
         exit_reason: Global___ExitReason | None = ...,
         attempt: _builtins.int = ...,
         setup: _builtins.str = ...,
@@ -178,7 +188,7 @@ class RankState(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "compile_age", b"compile_age", "environment", b"environment", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "environment", b"environment", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "environment", b"environment", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "waited", b"waited", "waited_sq", b"waited_sq", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compile_age: _TypeAlias = _typing.Literal["compile_age"]  # noqa: Y015
     _WhichOneofArgType__compile_age: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age"]  # noqa: Y015
