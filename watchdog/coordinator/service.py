@@ -38,6 +38,7 @@ from watchdog.coordinator.actions import (
 )
 from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.fit import MAX_STATUS_BYTES, fit, without_stacks
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView
@@ -131,7 +132,8 @@ class Coordinator:
         now = time.time()
         jobs = [self.job_status(job, now, query.ranks) for job in self.jobs.values()
                 if not query.job_id or job.job_id == query.job_id]
-        return json.dumps({"jobs": jobs})
+        share = MAX_STATUS_BYTES // max(1, len(jobs))
+        return json.dumps({"jobs": [fit(job, share) for job in jobs]})
 
     # -- state --
     def ingest(self, report: NodeReport, now: float) -> None:
@@ -192,7 +194,7 @@ class Coordinator:
                 "state": judgement.job_state(job, now),
                 "world_size": job.world_size, "nodes": sorted(set(job.nodes.values())),
                 **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
-                "verdict": verdict,
+                "verdict": None if verdict is None else without_stacks(verdict),
                 "findings": list(job.findings.incidents),
                 "flagged": self.admission.to_json(job.job_id)}
 
