@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -37,6 +38,11 @@ DUMP_TIMEOUT_S = 5.0
 NATIVE_TIMEOUT_S = 3.0
 SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
 MAX_ERROR_BYTES = 512  # of a child's dump failure (the wire takes 4096 at most)
+# py-spy's JSON of one process: 512 frames of 4 KiB names fit, with the threads beside them
+# (a long name of controls, which JSON gives six bytes a character, does not: an error).
+MAX_DUMP_BYTES = 4 * 1024 * 1024
+MAX_STDERR_BYTES = 64 * 1024  # what is read of why it failed
+DUMPS_AT_ONCE = 4  # on the node: a dump takes 15-25 ms, so a node's ranks still wait little
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -102,18 +108,48 @@ def _gone(pid: int) -> str:
 
 
 async def _run_py_spy(argv: list[str], timeout: float) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise TimeoutError(f"py-spy took longer than {timeout:.0f}s") from None
+    async with _turns():
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = await asyncio.wait_for(asyncio.gather(
+                _read_at_most(proc.stdout, MAX_DUMP_BYTES),
+                _read_at_most(proc.stderr, MAX_STDERR_BYTES)), timeout)
+            if len(out) > MAX_DUMP_BYTES:
+                raise ValueError(f"py-spy's output was over {MAX_DUMP_BYTES} bytes")
+            await proc.wait()
+        except TimeoutError:
+            raise TimeoutError(f"py-spy took longer than {timeout:.0f}s") from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
     if proc.returncode != 0:
         raise OSError(err.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}")
     return out.decode("utf-8", "replace")
+
+
+async def _read_at_most(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """What `stream` gives until its end, or one byte past `limit` (then the rest is left)."""
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await stream.read(limit + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary())
+
+
+def _turns() -> asyncio.Semaphore:
+    """The node's dumps at once (every job's ranks and children): each holds up to
+    MAX_DUMP_BYTES of output, parsed."""
+    return _TURNS.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(DUMPS_AT_ONCE))
 
 
 def _explain_failure(message: str) -> str:
