@@ -273,6 +273,7 @@ class RankState:
     setup_age: float | None = None  # for how long, by the agent's clock
     rendezvous: str = ""  # where the members of that call meet (tcp://..., env://HOST:PORT)
     evidence: CheckEvidence = NO_EVIDENCE
+    uid: int | None = None  # the verified process's user, where the agent knows it
 
     @property
     def alive(self) -> bool:

@@ -324,8 +324,10 @@ class Coordinator:
         """Store the incident before anyone hears of it, unless the database keeps it waiting:
         then it is told now, kept aside if the database refused it, and stored when it can be
         (the save goes on; a failure is retried)."""
+        job = self.jobs.get(incident["job_id"])
+        owner = job.owner if job is not None else ""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.saver.save(incident)),
+            await asyncio.wait_for(asyncio.shield(self.saver.save(incident, owner)),
                                    self.store.busy_timeout + SAVE_WAIT_S)
 
     async def _announce(self, incident: Incident) -> None:

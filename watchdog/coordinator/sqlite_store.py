@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sqlite3
 import stat
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
 
-from watchdog.schema import Incident
 from watchdog.coordinator.store import (
     DEFAULT_RETENTION,
     SCHEMA_TABLE,
@@ -25,6 +22,7 @@ from watchdog.coordinator.store import (
     refused_as,
 )
 from watchdog.errors import StoreError
+from watchdog.schema import Incident
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +35,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
      "CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at)",
      "CREATE INDEX IF NOT EXISTS incidents_job ON incidents (job_id, detected_at)",
      "ALTER TABLE incidents ADD COLUMN coordinator TEXT NOT NULL DEFAULT ''"),
+    # 2: the user whose ranks each incident names: the unit of the byte budget's eviction.
+    ("ALTER TABLE incidents ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+     "CREATE INDEX IF NOT EXISTS incidents_owner ON incidents (owner, detected_at)"),
 )
+# An incident's bytes as stored (LENGTH of TEXT counts characters).
+_BYTES = "LENGTH(CAST(body AS BLOB))"
+_NEWEST = "(SELECT id FROM incidents ORDER BY detected_at DESC, id DESC LIMIT 1)"
 # SQLite's "file is not a database" and "database disk image is malformed".
 _DAMAGED = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
@@ -127,13 +131,13 @@ class SqliteStore(IncidentStore):
     def _execute(self, statement: str) -> None:
         self._connection().execute(statement)
 
-    def _upsert(self, incident: Incident, text: str, coordinator: str) -> None:
+    def _upsert(self, incident: Incident, text: str, coordinator: str, owner: str) -> None:
         with refused_as(sqlite3.Error):
             self._db().execute(
-                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, body) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, owner, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
                 (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
-                 coordinator, text))
+                 coordinator, owner, text))
 
     def _prune(self, now: float) -> None:
         with refused_as(sqlite3.Error):
@@ -146,21 +150,24 @@ class SqliteStore(IncidentStore):
                                 "LIMIT 1 OFFSET ?", (self.retention.count,)).fetchone()
             if beyond is not None:
                 db.execute("DELETE FROM incidents WHERE detected_at <= ?", beyond)
-            self._prune_bytes(db)
+            self._evict()
 
-    def _prune_bytes(self, db: sqlite3.Connection) -> None:
-        """Drop the oldest incidents while the database's pages in use hold more than the
-        retention's bytes; never the newest. Counted in pages, the whole of what the file holds
-        (the indexes too) is bounded, and the check is three pragmas that read no row."""
-        while (used := _used_bytes(db)) > self.retention.bytes:
-            (count,) = db.execute("SELECT COUNT(*) FROM incidents").fetchone()
-            if count <= 1:
-                return
-            # At the average size, the oldest rows that hold the excess: one statement, rather
-            # than one a row, when one huge incident arrives in a store of small ones.
-            doomed = min(count - 1, math.ceil(count * (used - self.retention.bytes) / used))
-            db.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM incidents "
-                       "ORDER BY detected_at LIMIT ?)", (doomed,))
+    def _used(self) -> int:
+        # The database's pages in use: the whole of what the file holds (the indexes too) is
+        # bounded, and the check is three pragmas that read no row.
+        return _used_bytes(self._connection())
+
+    def _largest_owner(self) -> str | None:
+        row = self._connection().execute(
+            f"SELECT owner FROM incidents GROUP BY owner ORDER BY SUM({_BYTES}) DESC, owner "
+            "LIMIT 1").fetchone()
+        return None if row is None else str(row[0])
+
+    def _drop_oldest(self, owner: str, excess: int) -> int:
+        return self._connection().execute(
+            f"DELETE FROM incidents WHERE id IN (SELECT id FROM (SELECT id, SUM({_BYTES}) OVER "
+            f"(ORDER BY detected_at, id) - {_BYTES} AS before FROM incidents WHERE owner = ? "
+            f"AND id <> {_NEWEST}) WHERE before < ?)", (owner, excess)).rowcount
 
     def used_bytes(self) -> int:
         """The bytes of the database's pages in use."""

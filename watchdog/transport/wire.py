@@ -234,6 +234,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.activity.CopyFrom(activity_to_pb(r.activity))
     if r.evidence is not NO_EVIDENCE:
         m.evidence.CopyFrom(evidence_to_pb(r.evidence))
+    if r.uid is not None:
+        m.uid = r.uid
     return m
 
 
@@ -273,7 +275,8 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         activity=activity_from_pb(m.activity) if m.HasField("activity") else NO_ACTIVITY,
         exit_reason=exit_reason_from_pb(m.exit_reason) if m.HasField("exit_reason") else None,
         attempt=m.attempt, setup=setup, setup_age=setup_age, rendezvous=rendezvous,
-        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE)
+        evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE,
+        uid=m.uid if m.HasField("uid") else None)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:
