@@ -8,11 +8,11 @@ import contextlib
 import logging
 import os
 import sqlite3
-import stat
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from watchdog.coordinator import nolinks
 from watchdog.coordinator.store import (
     DEFAULT_RETENTION,
     SCHEMA_TABLE,
@@ -216,23 +216,13 @@ def _used_bytes(db: sqlite3.Connection) -> int:
 
 
 def _make_private(path: str) -> None:
-    """The database's directory made 0700 when we make it, the database file created 0600, and
-    the files of it that we own and others could read set to 0600; SQLite gives the WAL and
-    shared-memory files it creates later the database file's mode.
+    """The database's directory made 0700 when we make it, then its files made private
+    (`nolinks.make_private`).
 
-    Nothing here opens a file that already exists: closing any descriptor of a file drops every
-    POSIX lock this process holds on it, SQLite's included, and a process that holds the
-    database open (a coordinator that also serves readers) would then look, to the next
-    process that closes it, as if it were gone: that one deletes the live WAL."""
+    Nothing here opens a file that already exists but O_PATH: closing any other descriptor of
+    a file drops every POSIX lock this process holds on it, SQLite's included, and a process
+    that holds the database open (a coordinator that also serves readers) would then look, to
+    the next process that closes it, as if it were gone: that one deletes the live WAL."""
     Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    for name in (path, f"{path}-wal", f"{path}-shm"):
-        try:
-            st = os.stat(name)
-        except FileNotFoundError:
-            continue
-        # Files only: a directory given as the database (even "/") is refused by SQLite, and
-        # must not lose its mode first.
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.chmod(name, 0o600)
+    nolinks.warn_shared_directory(path)
+    nolinks.make_private(path)

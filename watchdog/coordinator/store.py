@@ -21,6 +21,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from watchdog.coordinator.database import POSTGRES, Database
+from watchdog.coordinator.nolinks import open_own
 from watchdog.errors import SchemaTooNewError, StoreError
 from watchdog.schema import Incident
 
@@ -139,8 +140,7 @@ class IncidentStore(ABC):
         store's coordinator, each with its owner (`owners`, by incident id)."""
         os.makedirs(os.path.dirname(self.spill_path) or ".", mode=0o700, exist_ok=True)
         while True:
-            fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                         0o600)
+            fd = open_own(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             with os.fdopen(fd, "a", encoding="utf-8") as f:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_nlink == 0:
@@ -159,7 +159,7 @@ class IncidentStore(ABC):
 
     def _take_spilled(self) -> None:
         try:
-            with open(self.spill_path, encoding="utf-8") as f:
+            with os.fdopen(open_own(self.spill_path, os.O_RDONLY), encoding="utf-8") as f:
                 # flock, not fcntl's locks: closing this file must not touch SQLite's locks.
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX)
                 if os.fstat(f.fileno()).st_nlink == 0:
