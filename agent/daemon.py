@@ -23,6 +23,7 @@ from agent.exits import ExitObserver
 from agent.gpu import GpuSampler
 from agent.holdback import Holdback
 from agent.rankstate import rank_state
+from agent.reply_fit import fit_reply
 from agent.stacks import dump_stacks
 from agent.table import WorkerTable
 from agent.userfiles import worker_logs
@@ -171,7 +172,8 @@ class Agent:
             stacks = (await self.collect_stacks(request.job_id, request.ranks, request.samples)
                       if not refusal
                       else [RankStack(rank, 0, error=refusal) for rank in request.ranks])
-            self._offer(StackReply(request.request_id, self.node, tuple(stacks)))
+            reply = StackReply(request.request_id, self.node, tuple(stacks))
+            self._offer(await asyncio.to_thread(fit_reply, reply))
         except Exception:
             log.exception("stack request %d failed", request.request_id)
 

@@ -47,13 +47,16 @@ def make_private(path: str) -> None:
 
 def warn_shared_directory(path: str) -> None:
     """Root keeping a database where another user can write: that user can swap its files
-    between any check and SQLite's own opening of its WAL."""
+    between any check and SQLite's own opening of its WAL. A sticky directory of root's
+    (/tmp) is spared: there nobody may rename or remove root's files, and the kernel's
+    fs.protected_symlinks keeps root from following another user's link."""
     if os.geteuid() != 0:
         return
     directory = os.path.dirname(os.path.abspath(path))
     with contextlib.suppress(OSError):
         st = os.stat(directory)
-        if st.st_uid != 0 or st.st_mode & 0o022:
+        sticky = st.st_uid == 0 and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky):
             log.warning("the incident database %s is in %s, which another user can write "
                         "(owner uid %d, mode %o): keep root's database in a directory only "
                         "root can write", path, directory, st.st_uid, st.st_mode & 0o7777)
