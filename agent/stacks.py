@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent import children, procfs
+from agent import children, procfs, verify
 from watchdog.errors import PtraceDeniedError, PySpyMissingError
 from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack, bounded_frames
 from watchdog.text import bounded
@@ -243,14 +243,21 @@ async def sample_children(pid: int, uid: int, samples: int) -> tuple[ChildStack,
     """The stacks of the children of `pid` that run as `uid` (agent.children), each sampled
     `samples` times as a rank is; a child gone in the meantime is left out."""
     pids = await asyncio.to_thread(children.child_pids, pid, uid)
-    sampled = await asyncio.gather(*(sample_child(child, samples) for child in pids))
+    sampled = await asyncio.gather(*(sample_child(child, samples, uid) for child in pids))
     return tuple(child for child in sampled if child is not None)
 
 
-async def sample_child(pid: int, samples: int) -> ChildStack | None:
+def _runs_as(pid: int, uid: int | None) -> bool:
+    owner = verify.credentials(pid) if uid is not None else None
+    return uid is None or (owner is not None and owner.uid == uid)
+
+
+async def sample_child(pid: int, samples: int, uid: int | None = None) -> ChildStack | None:
     """One child's last stack, whether its innermost frame moved, the CPU it used meanwhile
     and, for a DataLoader worker, its worker_id (from the last dump's locals); None once it
-    is gone, or is no longer the process it was (a reused pid)."""
+    is gone, is no longer the process it was (a reused pid), or no longer runs as `uid`
+    alone: its uids are read again before each dump, since the child may exec a setuid
+    program, same pid, same start time, between its listing and a dump a second later."""
     loop = asyncio.get_running_loop()
     start, first = loop.time(), procfs.read_stat(pid)
     if first is None or first.gone:
@@ -262,7 +269,7 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
         if index:
             await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
         stat = procfs.read_stat_of(pid, first.start_ticks)
-        if stat is None or stat.gone:
+        if stat is None or stat.gone or not _runs_as(pid, uid):
             return None
         state = stat.state
         dumped, error = await _dump_main_thread(pid, first.start_ticks, stat.stopped,
