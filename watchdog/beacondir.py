@@ -53,7 +53,8 @@ def open_base(base: str, create: bool = True) -> int:
         raise BeaconError(f"cannot use the beacon directory {base}: {_why(e)}",
                           hint=_TMPFILES_HINT) from e
     st = os.fstat(fd)
-    if st.st_uid != 0 and (st.st_uid != os.geteuid() or st.st_mode & 0o022):
+    mine = st.st_uid == os.geteuid() and (not st.st_mode & 0o022 or _private_parent(base))
+    if st.st_uid != 0 and not mine:
         os.close(fd)
         raise BeaconError(f"the beacon directory {base} belongs to uid {st.st_uid} (mode "
                           f"{stat.S_IMODE(st.st_mode):o}), who can move it aside",
@@ -63,8 +64,12 @@ def open_base(base: str, create: bool = True) -> int:
 
 def _may_make(base: str) -> bool:
     """Root makes the base anywhere; a user only in a directory nobody else can write."""
-    if os.geteuid() == 0:
-        return True
+    return os.geteuid() == 0 or _private_parent(base)
+
+
+def _private_parent(base: str) -> bool:
+    """Whether the base's directory is ours and nobody else's to write: there no one can move
+    the base aside, whatever its own mode."""
     try:
         st = os.stat(os.path.dirname(os.path.abspath(base)))
     except OSError:
