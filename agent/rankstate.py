@@ -31,7 +31,7 @@ def rank_state(worker: Worker, now: float) -> RankState:
         RankState, job_id=ident.job_id, rank=ident.rank, local_rank=ident.local_rank,
         world_size=ident.world_size, host=ident.host, pid=ident.pid,
         proc_state=worker.proc_state, exited_at=worker.exited_at, activity=worker.activity,
-        attempt=ident.attempt)
+        attempt=ident.attempt, uid=worker.owner.uid if worker.owner else None)
     exit_code = exits.exit_code(status) if status is not None else None
     snap = worker.snapshot
     if snap is None:

@@ -21,11 +21,12 @@ import os
 import shutil
 import signal
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent import children, procfs
+from agent import children, procfs, verify
 from watchdog.errors import PtraceDeniedError, PySpyMissingError
 from watchdog.model import DATALOADER_WORKER, ChildStack, Frame, RankStack, bounded_frames
 from watchdog.text import bounded
@@ -37,6 +38,11 @@ DUMP_TIMEOUT_S = 5.0
 NATIVE_TIMEOUT_S = 3.0
 SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
 MAX_ERROR_BYTES = 512  # of a child's dump failure (the wire takes 4096 at most)
+# py-spy's JSON of one process: 512 frames of 4 KiB names fit, with the threads beside them
+# (a long name of controls, which JSON gives six bytes a character, does not: an error).
+MAX_DUMP_BYTES = 4 * 1024 * 1024
+MAX_STDERR_BYTES = 64 * 1024  # what is read of why it failed
+DUMPS_AT_ONCE = 4  # on the node: a dump takes 15-25 ms, so a node's ranks still wait little
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -102,18 +108,48 @@ def _gone(pid: int) -> str:
 
 
 async def _run_py_spy(argv: list[str], timeout: float) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise TimeoutError(f"py-spy took longer than {timeout:.0f}s") from None
+    async with _turns():
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = await asyncio.wait_for(asyncio.gather(
+                _read_at_most(proc.stdout, MAX_DUMP_BYTES),
+                _read_at_most(proc.stderr, MAX_STDERR_BYTES)), timeout)
+            if len(out) > MAX_DUMP_BYTES:
+                raise ValueError(f"py-spy's output was over {MAX_DUMP_BYTES} bytes")
+            await proc.wait()
+        except TimeoutError:
+            raise TimeoutError(f"py-spy took longer than {timeout:.0f}s") from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
     if proc.returncode != 0:
         raise OSError(err.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}")
     return out.decode("utf-8", "replace")
+
+
+async def _read_at_most(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """What `stream` gives until its end, or one byte past `limit` (then the rest is left)."""
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await stream.read(limit + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary())
+
+
+def _turns() -> asyncio.Semaphore:
+    """The node's dumps at once (every job's ranks and children): each holds up to
+    MAX_DUMP_BYTES of output, parsed."""
+    return _TURNS.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(DUMPS_AT_ONCE))
 
 
 def _explain_failure(message: str) -> str:
@@ -207,14 +243,21 @@ async def sample_children(pid: int, uid: int, samples: int) -> tuple[ChildStack,
     """The stacks of the children of `pid` that run as `uid` (agent.children), each sampled
     `samples` times as a rank is; a child gone in the meantime is left out."""
     pids = await asyncio.to_thread(children.child_pids, pid, uid)
-    sampled = await asyncio.gather(*(sample_child(child, samples) for child in pids))
+    sampled = await asyncio.gather(*(sample_child(child, samples, uid) for child in pids))
     return tuple(child for child in sampled if child is not None)
 
 
-async def sample_child(pid: int, samples: int) -> ChildStack | None:
+def _runs_as(pid: int, uid: int | None) -> bool:
+    owner = verify.credentials(pid) if uid is not None else None
+    return uid is None or (owner is not None and owner.uid == uid)
+
+
+async def sample_child(pid: int, samples: int, uid: int | None = None) -> ChildStack | None:
     """One child's last stack, whether its innermost frame moved, the CPU it used meanwhile
     and, for a DataLoader worker, its worker_id (from the last dump's locals); None once it
-    is gone, or is no longer the process it was (a reused pid)."""
+    is gone, is no longer the process it was (a reused pid), or no longer runs as `uid`
+    alone: its uids are read again before each dump, since the child may exec a setuid
+    program, same pid, same start time, between its listing and a dump a second later."""
     loop = asyncio.get_running_loop()
     start, first = loop.time(), procfs.read_stat(pid)
     if first is None or first.gone:
@@ -226,7 +269,7 @@ async def sample_child(pid: int, samples: int) -> ChildStack | None:
         if index:
             await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
         stat = procfs.read_stat_of(pid, first.start_ticks)
-        if stat is None or stat.gone:
+        if stat is None or stat.gone or not _runs_as(pid, uid):
             return None
         state = stat.state
         dumped, error = await _dump_main_thread(pid, first.start_ticks, stat.stopped,

@@ -1,6 +1,6 @@
 """Files written whole or not at all, safely in a directory other users may write in (stdlib
 only): the reports of `run --report`, `--report-html` and `incidents show --html`, which root
-may well write into /tmp."""
+may well write into /tmp; and the job logs of `check` and `demo`, made where no one else can."""
 
 from __future__ import annotations
 
@@ -27,3 +27,12 @@ def write_atomically(path: str, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def private_file(prefix: str, name: str) -> str:
+    """A new empty file `name`, mode 0600, in a new directory of a random name under the
+    temporary directory (mkdtemp: 0700), made O_CREAT|O_EXCL|O_NOFOLLOW: a name another user
+    could foresee (a pid) would let them plant a link there first."""
+    path = os.path.join(tempfile.mkdtemp(prefix=prefix), name)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    return path

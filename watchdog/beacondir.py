@@ -1,8 +1,9 @@
 """Where beacons live, safely, on a node shared by users who do not trust each other (stdlib
 only: the hook, the agent and the CLI import it).
 
-The base directory (default /dev/shm/torch-hang-watchdog) is made by root at boot, mode 1777
-(deploy/systemd/torch-hang-watchdog.tmpfiles.conf), or by the first hook that needs it. Each
+The base directory (default /dev/shm/torch-hang-watchdog) is made by root, mode 1777: at boot
+(deploy/systemd/torch-hang-watchdog.tmpfiles.conf) or by the agent at start. A user's hook makes
+it only in a directory nobody else can write, and refuses a base another user could move aside. Each
 user's ranks write into a subdirectory of their own, `<base>/<uid>`, mode 0755: nobody else can
 put a file or a link there. Every step goes through a descriptor opened with O_NOFOLLOW and
 checked with fstat, so a base made by another user, or a link planted where ours should be,
@@ -31,22 +32,49 @@ BEACON_MODE = 0o644
 SUFFIX = ".beacon"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FALLBACK_TRIES = 16
-_TMPFILES_HINT = ("have root create it at boot (deploy/systemd/torch-hang-watchdog.tmpfiles.conf"
-                  " makes it mode 1777), or set WATCHDOG_BEACON_DIR to a directory of your own")
+_TMPFILES_HINT = ("have root create it: the agent does at start, and at boot "
+                  "deploy/systemd/torch-hang-watchdog.tmpfiles.conf makes it mode 1777; or set "
+                  "WATCHDOG_BEACON_DIR to a directory of your own")
 
 
 def open_base(base: str, create: bool = True) -> int:
-    """A descriptor of the base directory, made 1777 when missing. BeaconError when it is a
-    symbolic link or not a directory."""
-    if create:
+    """A descriptor of the base directory, made 1777 when missing by root (the agent makes it
+    at start), or by its user in a directory only they can write (`watchdog run`'s own).
+    BeaconError when it is a symbolic link, not a directory, or another user could move it
+    aside: a base a user made in a shared place (/dev/shm) is that user's to rename, and the
+    jobs of everyone else would write where no agent looks (issue 37, finding 6)."""
+    if create and _may_make(base):
         with contextlib.suppress(FileExistsError):
             os.mkdir(base, 0o700)
             os.chmod(base, BASE_MODE)  # mkdir's mode passes through the umask
     try:
-        return os.open(base, _DIR_FLAGS)
+        fd = os.open(base, _DIR_FLAGS)
     except OSError as e:
         raise BeaconError(f"cannot use the beacon directory {base}: {_why(e)}",
                           hint=_TMPFILES_HINT) from e
+    st = os.fstat(fd)
+    mine = st.st_uid == os.geteuid() and (not st.st_mode & 0o022 or _private_parent(base))
+    if st.st_uid != 0 and not mine:
+        os.close(fd)
+        raise BeaconError(f"the beacon directory {base} belongs to uid {st.st_uid} (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}), who can move it aside",
+                          hint=f"have root remove it; {_TMPFILES_HINT}")
+    return fd
+
+
+def _may_make(base: str) -> bool:
+    """Root makes the base anywhere; a user only in a directory nobody else can write."""
+    return os.geteuid() == 0 or _private_parent(base)
+
+
+def _private_parent(base: str) -> bool:
+    """Whether the base's directory is ours and nobody else's to write: there no one can move
+    the base aside, whatever its own mode."""
+    try:
+        st = os.stat(os.path.dirname(os.path.abspath(base)))
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def user_dir(base: str) -> tuple[int, str]:

@@ -21,7 +21,7 @@ from watchdog.beacon.records import Fingerprint as Fingerprint
 from watchdog.beacon.records import Pace as Pace
 from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
 from watchdog.frames import is_native_file
-from watchdog.text import bounded
+from watchdog.text import bounded_escaped
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
 
@@ -184,13 +184,14 @@ MAX_LINE = (1 << 31) - 1  # a frame's line number as the wire carries it (int32)
 def bounded_frames(frames: Sequence[Frame], limit: int,
                    total: int | None = None) -> tuple[Frame, ...]:
     """`frames` (innermost first; the first of `total` where more were taken) with their names
-    cut (`text.bounded`) and their line numbers in range, at most `limit` of them: past it, the
-    innermost `limit - 1` and a last one that says how many outer frames are not shown. Where a
-    rank is stuck is innermost; a deep recursion then costs its outer frames, never the whole
-    stack."""
+    cut and their controls escaped (`text.bounded_escaped`), their line numbers in range, at
+    most `limit` of them: past it, the innermost `limit - 1` and a last one that says how many
+    outer frames are not shown. Where a rank is stuck is innermost; a deep recursion then costs
+    its outer frames, never the whole stack."""
     total = len(frames) if total is None else total
     cut = total > limit
-    kept = [Frame(bounded(f.function), bounded(f.file), max(-MAX_LINE, min(f.line, MAX_LINE)))
+    kept = [Frame(bounded_escaped(f.function), bounded_escaped(f.file),
+                  max(-MAX_LINE, min(f.line, MAX_LINE)))
             for f in frames[:limit - 1 if cut else limit]]
     if cut:
         kept.append(Frame(f"…[{total - len(kept)} outer frames not shown]", "<truncated>", 0))
@@ -282,6 +283,7 @@ class RankState:
     environment: Environment | None = None  # in the few reports after the hook recorded it
     waited: float = 0.0  # seconds spent inside collectives in all, by the rank's own clock
     waited_sq: float = 0.0  # the sum of each step's seconds there, squared
+    uid: int | None = None  # the verified process's user, where the agent knows it
 
     @property
     def alive(self) -> bool:

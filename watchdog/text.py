@@ -82,6 +82,12 @@ def bounded(text: str, limit: int = MAX_TEXT) -> str:
     return raw[:room].decode("utf-8", "ignore") + TRUNCATED
 
 
+def bounded_escaped(text: str, limit: int = MAX_TEXT) -> str:
+    """`bounded`, its control characters (but newline and tab) escaped first (`\\x01`): a
+    frame's name or a log line, where JSON would give each six bytes, a thousand times over."""
+    return bounded(text.translate(_CONTROLS), limit)
+
+
 def printable(text: str) -> str:
     """`text` safe for a terminal: every character that is not printable (ESC and the other C0
     and C1 controls, DEL, bidirectional overrides, line and paragraph separators) becomes an
@@ -97,6 +103,10 @@ def _escape(c: str) -> str:
     if code <= 0xFF:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+_CONTROLS = {code: _escape(chr(code)) for code in (*range(0x20), *range(0x7F, 0xA0))
+             if chr(code) not in "\n\t"}
 
 
 def printable_tree(value: T) -> T:

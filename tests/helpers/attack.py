@@ -214,6 +214,13 @@ def verdict(address: str, job_id: str, *flags: str, timeout: float = 60.0) -> di
     return wait_for(judged, f"a verdict on {job_id}", timeout)
 
 
+def stored(scratch: Path, incident_id: str) -> str:
+    """`watchdog incidents show ID --json` of the coordinator's database in `scratch`."""
+    return subprocess.run([*WATCHDOG, "incidents", "show", incident_id, "--json", "--db",
+                           str(scratch / "incidents.db")], capture_output=True, text=True,
+                          timeout=60, env=clean_env(), check=True).stdout
+
+
 def hung_job(beacon_dir: Path, job_id: str) -> list[dict[str, Any]]:
     """Two ranks: rank 0 waits in all_reduce #5, rank 1 never reached it (MISSING_RANKS)."""
     return [{"beacon_dir": str(beacon_dir), "job": job_id, "rank": rank, "world": 2,

@@ -121,6 +121,21 @@ def test_retention_by_bytes_never_drops_the_newest(make_store: MakeStore) -> Non
     assert store.used_bytes() <= 1 << 20
 
 
+def test_retention_by_bytes_drops_the_largest_owners_incidents_never_anothers(
+        make_store: MakeStore) -> None:
+    """One user's large incidents (issue 37, finding 7): root's older incident stays while
+    nobody's take more bytes; the newest stays whoever owns it."""
+    store = make_store(retention=Retention(bytes=1 << 20))
+    store.add(big(0, 1000.0, 64 << 10), owner="0")
+    for n in range(1, 40):  # 2.4 MiB of nobody's
+        store.add(big(n, 1000.0 + n, 64 << 10), owner="65534")
+        assert store.used_bytes() <= 1 << 20
+    kept = ids(store)
+    assert kept[0] == "i39" and kept[-1] == "i0" and 8 <= len(kept) < 16, kept
+    store.add(big(40, 2000.0, 2 << 20), owner="65534")  # over the budget alone: kept, and
+    assert ids(store) == ["i40", "i0"]  # the other owner's stays
+
+
 def test_coordinators_pruning_one_database_at_once_fail_nothing(make_store: MakeStore) -> None:
     """Shards that store and prune at the same moment: every add succeeds, and the next prune
     leaves the newest `count`."""
@@ -163,7 +178,8 @@ def test_a_database_one_version_behind_is_migrated_in_place(
     step = ("CREATE TABLE incidents_note (id TEXT PRIMARY KEY, note TEXT NOT NULL)",)
     monkeypatch.setattr(backend, "MIGRATIONS", (*backend.MIGRATIONS, step))
     assert [json.loads(s.text)["id"] for s in make_store().listed()] == ["i1"]
-    assert execute(database, "SELECT version FROM incidents_schema") == [(2,)]
+    assert execute(database, "SELECT version FROM incidents_schema") == [
+        (len(backend.MIGRATIONS),)]
     assert execute(database, "SELECT count(*) FROM incidents_note") == [(0,)]
 
 
@@ -173,8 +189,9 @@ def test_a_database_of_a_newer_release_is_refused_with_a_hint(
     execute(database, "UPDATE incidents_schema SET version = 7")
     with pytest.raises(SchemaTooNewError) as refused:
         make_store().open()
-    assert f"{database.shown} has schema version 7; this torch-hang-watchdog knows up to 1" in (
-        str(refused.value))
+    newest = len(backend_of(database).MIGRATIONS)
+    assert (f"{database.shown} has schema version 7; this torch-hang-watchdog knows up to "
+            f"{newest}") in str(refused.value)
     assert "hint: upgrade torch-hang-watchdog" in str(refused.value)
 
 
@@ -195,7 +212,7 @@ def test_a_file_of_the_releases_before_the_schema_had_versions_is_migrated(
     assert store.listed() == [Stored(incident_json(incident(2, 1001.0)), "head:29450"),
                               Stored(incident_json(incident(1, 1000.0)), "")]
     assert execute(Database(SQLITE, str(path), str(path)),
-                   "SELECT version FROM incidents_schema") == [(1,)]
+                   "SELECT version FROM incidents_schema") == [(len(sqlite_store.MIGRATIONS),)]
 
 
 # -- PostgreSQL's credentials and TLS ----------------------------------------------------------

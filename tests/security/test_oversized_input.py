@@ -25,6 +25,7 @@ from tests.helpers.attack import (
     coordinator,
     job,
     scratch_dir,
+    stored,
     verdict,
     wait_for,
     worker,
@@ -47,6 +48,7 @@ def dive(depth):
         return dive(depth - 1)
     while True:
         time.sleep(1)
+dive.__code__ = dive.__code__.replace(co_name=sys.argv[2], co_qualname=sys.argv[2])
 dive(int(sys.argv[1]))
 '''
 world = len(spec["ranks"])
@@ -56,19 +58,20 @@ for rank, (depth, nccl) in enumerate(spec["ranks"]):
                MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none", WATCHDOG_JOB_ID=spec["job"])
     if nccl:
         env["NCCL_DEBUG_FILE"] = nccl
-    subprocess.Popen(["python3", "-c", RANK, str(depth)], env=env)
+    subprocess.Popen(["python3", "-c", RANK, str(depth), spec["name"]], env=env)
 print("launched", flush=True)
 time.sleep(3600)
 """
 
 
 @contextmanager
-def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]]) -> Iterator[None]:
+def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]],
+                name: str = "dive") -> Iterator[None]:
     """`nobody`'s torchrun job without the hook: a rank per (recursion depth before it
-    blocks, its NCCL_DEBUG_FILE or ""), until the block ends."""
+    blocks, in functions called `name`; its NCCL_DEBUG_FILE or ""), until the block ends."""
     launcher = scratch / "torchrun"
     launcher.write_text(LAUNCHER)
-    spec = json.dumps({"job": job_id, "ranks": ranks})
+    spec = json.dumps({"job": job_id, "ranks": ranks, "name": name})
     proc = subprocess.Popen([*AS_NOBODY, python(), str(launcher), spec],
                             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
                             start_new_session=True)
@@ -118,7 +121,8 @@ def test_a_deep_stack_and_a_long_log_line_keep_every_ranks_stack_and_logs() -> N
                 nobodys_job(scratch, "deep-and-long", [(700, ""), (0, str(nccl))]):
             view = verdict(coord.address, "deep-and-long", timeout=60)
             assert node.alive, node.output()
-    rows = {row["rank"]: row for row in view["verdict"]["ranks"]}
+        shown = json.loads(stored(scratch, view["verdict"]["id"]))  # Status shows no stacks
+    rows = {row["rank"]: row for row in shown["ranks"]}
     assert sorted(rows) == [0, 1]
     deep = [frame["function"] for frame in rows[0]["stack"]]
     assert len(deep) == MAX_FRAMES and set(deep[:MAX_FRAMES - 1]) == {"dive"}, deep

@@ -71,3 +71,27 @@ def test_reports_never_follow_a_link_planted_in_a_shared_directory(
             assert not written.is_symlink() and written.stat().st_uid == 0
             assert written.stat().st_mode & 0o777 == 0o600
         assert incident["id"] in page.read_text() and incident["id"] in shown.read_text()
+
+
+# Root's `watchdog check` as if its pid were foreseen: `nobody` plants the link at the name of
+# its job log, then the same process (the same pid) becomes `watchdog check`.
+FORESEEN = """
+import json, os, subprocess, sys
+shared, target, as_nobody = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+link = os.path.join(shared, f"watchdog-check-{os.getpid()}.log")
+subprocess.run([*as_nobody, "ln", "-s", target, link], check=True)
+os.execv(sys.executable, [sys.executable, "-m", "watchdog", "check", "--nproc", "1", "--db",
+                          os.path.join(shared, "incidents.db"), "--", "--no-such-flag"])
+"""
+
+
+def test_check_never_writes_its_job_log_through_a_planted_link(
+        tmp_path: Path, links_followed_anywhere: None) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text(ROOTS_OWN)
+    with scratch_dir() as shared:
+        check = subprocess.run([sys.executable, "-c", FORESEEN, str(shared), str(precious),
+                                json.dumps(AS_NOBODY)], capture_output=True, text=True,
+                               timeout=120, cwd="/", env=clean_env(TMPDIR=str(shared)))
+    assert "the job's output goes to" in check.stdout, check.stdout + check.stderr
+    assert precious.read_text() == ROOTS_OWN, "check wrote its job log through a link"

@@ -101,6 +101,13 @@ def test_the_children_of_a_process_that_run_as_its_user(
     assert children.child_pids(sleeper.pid, os.getuid()) == []
 
 
+def test_a_child_no_longer_of_the_ranks_user_when_dumped_is_left_out(
+        sleeper: subprocess.Popen[bytes]) -> None:
+    """Its uids are read again before each dump: listed as the rank's user's, it may have
+    exec'd a setuid program since (same pid, same start time)."""
+    assert asyncio.run(sample_child(sleeper.pid, samples=1, uid=os.getuid() + 1)) is None
+
+
 def test_a_child_gone_before_its_stack_is_taken_is_left_out(
         sleeper: subprocess.Popen[bytes]) -> None:
     sleeper.kill()

@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,12 +107,16 @@ def test_a_directory_not_its_owners_alone_is_not_read(runs: Path,
         assert found == []
 
 
-def test_each_job_is_listed_once_by_the_first_source_that_follows_it() -> None:
+def _job(job_id: str, *pids: int) -> Any:
+    return {"job_id": job_id, "ranks": [{"host": "n", "pid": pid} for pid in pids]}
+
+
+def test_each_job_is_listed_once_by_the_first_source_that_follows_its_processes() -> None:
     run = Source("watchdog run, pid 7, user alice", "unix:/x")
     service = Source("coordinator at 127.0.0.1:29450", "127.0.0.1:29450")
-    merged = merge([Answer(run, [{"job_id": "a"}]),
-                    Answer(service, [{"job_id": "a"}, {"job_id": "b"}])])
+    merged = merge([Answer(run, [_job("a", 10, 11), _job("c", 20)]),
+                    Answer(service, [_job("a", 11, 12), _job("b", 13), _job("c", 21)])])
     assert [(m.source, [j["job_id"] for j in m.jobs]) for m in merged] == [
-        (run, ["a"]), (service, ["b"])]
+        (run, ["a", "c"]), (service, ["b", "c"])]  # another "c": other processes, both shown
     text = render_answers([Answer(run, [])], color=False)
     assert text == "== watchdog run, pid 7, user alice\nno jobs"

@@ -52,13 +52,14 @@ def test_a_urls_spill_file_is_in_the_state_directory_named_without_the_password(
     try:
         store = PostgresStore("postgresql://watchdog:hunter2@db.example:5433/incidents"
                               "?sslmode=verify-full", coordinator="head:29450")
-        store.spill([INCIDENT])
+        store.spill([INCIDENT], {INCIDENT["id"]: "1000"})
     finally:
         os.umask(old)
     spilled = Path(store.spill_path)
     assert spilled == state / "pg-watchdog@db.example-5433-incidents.pending"
     assert state.stat().st_mode & 0o777 == 0o700 and spilled.stat().st_mode & 0o777 == 0o600
-    assert json.loads(spilled.read_text()) == {"coordinator": "head:29450", "incident": INCIDENT}
+    assert json.loads(spilled.read_text()) == {"coordinator": "head:29450", "incident": INCIDENT,
+                                               "owner": "1000"}
     assert store.where == "postgresql://watchdog:***@db.example:5433/incidents?sslmode=verify-full"
 
 

@@ -17,10 +17,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from watchdog.atomic import private_file
 from watchdog.cli import options
 from watchdog.cli.rendezvous import (
     FAIL,
@@ -113,7 +113,7 @@ async def _run_job(backend: str, nproc: int, rendezvous: Rendezvous, torchrun_ar
            *torchrun_args, MINIMAL_SCRIPT, "--backend", backend]
     if os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
         os.environ["NCCL_DEBUG"] = "INFO"  # the job's output is evidence: NCCL's too
-    log = os.path.join(tempfile.gettempdir(), f"watchdog-check-{os.getpid()}.log")
+    log = private_file("watchdog-check-", "job.log")
     out.write(f"watchdog check: {nproc} ranks on this node, {backend}, master "
               f"{rendezvous.addr}:{rendezvous.port}; the job's output goes to {log}\n")
     out.flush()

@@ -9,11 +9,11 @@ import importlib.util
 import os
 import socket
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from watchdog.atomic import private_file
 from watchdog.cli import options
 from watchdog.demo import TRAIN_SCRIPT
 from watchdog.errors import ExitCode, WatchdogError
@@ -75,7 +75,7 @@ def run_demo(database: Database, color: bool) -> int:
           f"--stall-timeout {DEMO_STALL_TIMEOUT_S:.0f} --on-hang kill -- torchrun "
           f"--nproc_per_node=4 train.py {' '.join(fault)}\n", flush=True)
     # The job's own output (torchrun's shutdown traceback among it) would bury the diagnosis.
-    job_log = os.path.join(tempfile.gettempdir(), f"watchdog-demo-{os.getpid()}.log")
+    job_log = private_file("watchdog-demo-", "job.log")
     run_options = RunOptions(cmd, StallPolicy(fixed=DEMO_STALL_TIMEOUT_S), on_hang="kill",
                              database=database, color=color, job_log=job_log)
     code = asyncio.run(run_job(run_options, out=sys.stdout))

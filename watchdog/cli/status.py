@@ -10,9 +10,10 @@ import json
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from watchdog.cli import options
+from watchdog.cli.status_answers import checked_jobs, deduplicated
 from watchdog.env import DEFAULT_ADDRESS
 from watchdog.errors import CoordinatorUnreachableError, ExitCode, WatchdogError
 from watchdog.model import EVERY_JOB, FULL_ROWS, MAX_FULL_ROWS, StatusQuery
@@ -30,12 +31,14 @@ class Source:
     address: str
     security: ClientSecurity | None = None
     query: StatusQuery = EVERY_JOB
+    owner: int | None = None  # a `watchdog run`'s user: it may answer for that user's jobs only
 
 
 @dataclass
 class Answer:
     source: Source
     jobs: list[StatusJob]
+    notes: list[str] = field(default_factory=list)
 
 
 class StatusCommand:
@@ -104,7 +107,7 @@ def _this_machine(security: ClientSecurity, query: StatusQuery) -> list[Answer]:
 
     service = Source(f"coordinator at {DEFAULT_ADDRESS}", DEFAULT_ADDRESS, security, query)
     with open_runs() as runs:
-        sources = [Source(r.label, r.address, query=query) for r in runs]
+        sources = [Source(r.label, r.address, query=query, owner=r.uid) for r in runs]
         if _listening(DEFAULT_ADDRESS):  # nothing there is no news: most machines run none
             sources.append(service)
         if not sources:  # nothing runs here: an empty list, not a failure
@@ -121,6 +124,7 @@ def _answers(sources: Sequence[Source], nobody: str, hint: str) -> list[Answer]:
     """Every source's jobs; a note on stderr for each that did not answer, and
     CoordinatorUnreachableError (`nobody`, `hint`) when none did."""
     answers, notes = asyncio.run(ask_all(sources))
+    notes += [f"{answer.source.label}: {note}" for answer in answers for note in answer.notes]
     for note in notes:
         print(f"watchdog status: skipped {note}", file=sys.stderr)
     if not answers:
@@ -139,12 +143,12 @@ async def ask_all(sources: Sequence[Source]) -> tuple[list[Answer], list[str]]:
 async def _ask(source: Source) -> Answer | str:
     try:
         text = await _status_text(source, SOURCE_TIMEOUT_S)
-        jobs: list[StatusJob] = json.loads(text)["jobs"]
+        jobs, notes = checked_jobs(json.loads(text), source.owner)
     except WatchdogError as e:
         return f"{source.label}: {str(e).splitlines()[0]}"
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, RecursionError):
         return f"{source.label}: its answer is not status JSON"
-    return Answer(source, [job for job in jobs if isinstance(job, dict)])
+    return Answer(source, jobs, notes)
 
 
 async def _status_text(source: Source, timeout: float = 10.0) -> str:
@@ -166,19 +170,23 @@ def _ranks(spec: str) -> tuple[int, ...]:
 
 def merge(answers: Sequence[Answer]) -> list[Answer]:
     """Each job once: a job that two coordinators follow (a service agent also sees the workers
-    of a `watchdog run`) is shown as the first source, the run itself, sees it."""
-    seen: set[str] = set()
-    merged = []
-    for answer in answers:
-        jobs = [job for job in answer.jobs if job.get("job_id") not in seen]
-        seen.update(str(job.get("job_id")) for job in jobs)
-        merged.append(Answer(answer.source, jobs))
-    return merged
+    of a `watchdog run`) is shown as the first source, the run itself, sees it; a job id two
+    sources answer for different processes is shown from both (status_answers.deduplicated)."""
+    return [Answer(answer.source, jobs)
+            for answer, jobs in zip(answers, deduplicated([a.jobs for a in answers]), strict=True)]
 
 
 def render_answers(answers: Sequence[Answer], color: bool) -> str:
-    return "\n\n".join(f"== {answer.source.label}\n{render_status({'jobs': answer.jobs}, color)}"
+    return "\n\n".join(f"== {answer.source.label}\n{_rendered(answer, color)}"
                        for answer in answers)
+
+
+def _rendered(answer: Answer, color: bool) -> str:
+    """One source's jobs; a fault in what it sent costs that source alone."""
+    try:
+        return render_status({"jobs": answer.jobs}, color)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return "its answer could not be shown (not status JSON)"
 
 
 def _listening(address: str) -> bool:

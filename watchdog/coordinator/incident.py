@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from watchdog import schema
 from watchdog.coordinator.alike import ranges
 from watchdog.coordinator.evidence import dead_worker, finished_cleanly
+from watchdog.coordinator.fit import fit_incident
 from watchdog.coordinator.silent_bugs import Finding
 from watchdog.coordinator.view import RankEvidence, rank_evidence
 from watchdog.explain.scan import explain_lines
@@ -70,7 +71,7 @@ def build_incident(
     }
     if verdict.kind == Kind.NODE_UNREACHABLE:
         incident["node"] = verdict.node
-    return incident
+    return fit_incident(incident)
 
 
 def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id: str,
@@ -78,7 +79,7 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
     """A finding's incident (severity warning): the keys of any incident, with no collective
     or stacks, and `finding`: the first step it was seen at, its cause and its fix."""
     table = rank_table(snapshot, finding.culprit_ranks)
-    return {
+    return fit_incident({
         "id": incident_id,
         "job_id": snapshot.job_id,
         "detected_at": detected_at,
@@ -93,7 +94,7 @@ def build_finding_incident(snapshot: JobSnapshot, finding: Finding, incident_id:
         "stack_groups": [],
         "finding": {"key": finding.key, "step": finding.step, "cause": finding.cause,
                     "fix": finding.fix},
-    }
+    })
 
 
 def rank_table(snapshot: JobSnapshot, culprits: Collection[int] = (),

@@ -5,6 +5,7 @@ job's progress is returned (`observe`); what to make of it is the job's `Judgeme
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from watchdog.coordinator.evidence import in_open_phase, progress_sign
@@ -148,6 +149,14 @@ class JobView:
     def events_total(self) -> int:
         """Everything the job did, a rank starting included: start-up is progress."""
         return self._events + self.probe_progress + len(self.ranks)
+
+    @property
+    def owner(self) -> str:
+        """The user most of its ranks run as (a uid, "" where no agent said): whose share of the
+        incident store its incidents count in. Most, not the first: a forger would need more
+        ranks than the real job to move its incidents into another user's share."""
+        uids = Counter(r.uid for r in self.ranks.values() if r.uid is not None)
+        return str(min(uids, key=lambda uid: (-uids[uid], uid))) if uids else ""
 
     @property
     def stacks_only(self) -> bool:

@@ -34,6 +34,7 @@ class IncidentSaver:
     def __init__(self, store: IncidentStore) -> None:
         self.store = store
         self.pending: list[Incident] = []  # oldest first
+        self.owners: dict[str, str] = {}  # of the pending incidents, by id (IncidentStore.add)
         self._aside = 0  # how many of `pending`, from the oldest, are in the spill file
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="incident-db")
         self._lock = asyncio.Lock()
@@ -43,10 +44,11 @@ class IncidentSaver:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def save(self, incident: Incident) -> bool:
-        """Store `incident` (after any still pending); True once it is stored, False when the
-        database failed and it waits for the next retry."""
+    async def save(self, incident: Incident, owner: str = "") -> bool:
+        """Store `incident` of `owner` (after any still pending); True once it is stored, False
+        when the database failed and it waits for the next retry."""
         self.pending.append(incident)
+        self.owners[incident["id"]] = owner
         return await self.flush()
 
     async def flush(self) -> bool:
@@ -76,8 +78,11 @@ class IncidentSaver:
             del self.pending[:self._aside]
             self._aside = 0
         else:
-            await self._call(self.store.add, self.pending[0])
+            first = self.pending[0]
+            await self._call(self.store.add, first, self.owners.get(first["id"], ""))
             self.pending.pop(0)
+        waiting = {incident["id"] for incident in self.pending}
+        self.owners = {i: owner for i, owner in self.owners.items() if i in waiting}
 
     async def _keep_aside(self) -> None:
         """Write what is pending and not yet in the spill file there, so that a SIGKILL, which
@@ -85,7 +90,7 @@ class IncidentSaver:
         if len(self.pending) == self._aside:
             return
         try:
-            await self._call(self.store.spill, self.pending[self._aside:])
+            await self._call(self.store.spill, self.pending[self._aside:], self.owners)
         except OSError as e:  # the disk is full, say: still pending in memory and retried
             log.warning("cannot keep incidents aside in %s: %s", self.store.spill_path, e)
             return

@@ -43,6 +43,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
      "bytes INTEGER NOT NULL, body TEXT NOT NULL)",
      "CREATE INDEX incidents_detected ON incidents (detected_at)",
      "CREATE INDEX incidents_job ON incidents (job_id, detected_at)"),
+    # 2: the user whose ranks each incident names: the unit of the byte budget's eviction.
+    ("ALTER TABLE incidents ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+     "CREATE INDEX incidents_owner ON incidents (owner, detected_at)"),
 )
 
 
@@ -127,15 +130,15 @@ class PostgresStore(IncidentStore):
     def _execute(self, statement: str) -> None:
         self._connection().execute(statement)
 
-    def _upsert(self, incident: Incident, text: str, coordinator: str) -> None:
+    def _upsert(self, incident: Incident, text: str, coordinator: str, owner: str) -> None:
         with refused_as(psycopg.Error):
             self._db().execute(
-                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, bytes, body) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, owner, bytes, "
+                "body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
                 "body = excluded.body, bytes = excluded.bytes "
                 "WHERE incidents.body <> excluded.body",
                 (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
-                 coordinator, len(text.encode()), text))
+                 coordinator, owner, len(text.encode()), text))
 
     def _prune(self, now: float) -> None:
         with refused_as(psycopg.Error):
@@ -150,19 +153,22 @@ class PostgresStore(IncidentStore):
                 conn.execute("DELETE FROM incidents WHERE detected_at <= (SELECT detected_at "
                              "FROM incidents ORDER BY detected_at DESC LIMIT 1 OFFSET %s)",
                              (self.retention.count,))
-                self._prune_bytes(conn)
+                self._evict()
 
-    def _prune_bytes(self, conn: psycopg.Connection[TupleRow]) -> None:
-        """The oldest incidents whose texts hold the excess over the retention's bytes, in one
-        statement; never the newest."""
-        excess = self._used_bytes(conn) - self.retention.bytes
-        if excess <= 0:
-            return
-        conn.execute(
+    def _used(self) -> int:
+        return self._used_bytes(self._db())
+
+    def _largest_owner(self) -> str | None:
+        row = self._db().execute("SELECT owner FROM incidents GROUP BY owner "
+                                 "ORDER BY sum(bytes) DESC, owner LIMIT 1").fetchone()
+        return None if row is None else str(row[0])
+
+    def _drop_oldest(self, owner: str, excess: int) -> int:
+        return self._db().execute(
             "DELETE FROM incidents WHERE id IN (SELECT id FROM (SELECT id, sum(bytes) OVER "
-            "(ORDER BY detected_at, id) - bytes AS before FROM incidents) AS oldest "
-            "WHERE before < %s) AND id <> (SELECT id FROM incidents "
-            "ORDER BY detected_at DESC, id DESC LIMIT 1)", (excess,))
+            "(ORDER BY detected_at, id) - bytes AS before FROM incidents WHERE owner = %s "
+            "AND id <> (SELECT id FROM incidents ORDER BY detected_at DESC, id DESC LIMIT 1)) "
+            "AS oldest WHERE before < %s)", (owner, excess)).rowcount
 
     def used_bytes(self) -> int:
         """The bytes of the stored incidents' texts."""

@@ -38,6 +38,7 @@ from watchdog.coordinator.actions import (
 )
 from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.after_exit import StillHung
+from watchdog.coordinator.fit import MAX_STATUS_BYTES, fit, without_stacks
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView
@@ -134,7 +135,8 @@ class Coordinator:
         now = time.time()
         jobs = [self.job_status(job, now, query.ranks) for job in self.jobs.values()
                 if not query.job_id or job.job_id == query.job_id]
-        return json.dumps({"jobs": jobs})
+        share = MAX_STATUS_BYTES // max(1, len(jobs))
+        return json.dumps({"jobs": [fit(job, share) for job in jobs]})
 
     # -- state --
     def ingest(self, report: NodeReport, now: float) -> None:
@@ -196,7 +198,7 @@ class Coordinator:
                 "state": judgement.job_state(job, now),
                 "world_size": job.world_size, "nodes": sorted(set(job.nodes.values())),
                 **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
-                "verdict": verdict,
+                "verdict": None if verdict is None else without_stacks(verdict),
                 "findings": list(job.findings.incidents),
                 "flagged": self.admission.to_json(job.job_id),
                 "slowest": slowest_json(job.ranks, job.slowest, job.stragglers.called)}
@@ -329,8 +331,10 @@ class Coordinator:
         """Store the incident before anyone hears of it, unless the database keeps it waiting:
         then it is told now, kept aside if the database refused it, and stored when it can be
         (the save goes on; a failure is retried)."""
+        job = self.jobs.get(incident["job_id"])
+        owner = job.owner if job is not None else ""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.saver.save(incident)),
+            await asyncio.wait_for(asyncio.shield(self.saver.save(incident, owner)),
                                    self.store.busy_timeout + SAVE_WAIT_S)
 
     async def _announce(self, incident: Incident) -> None:

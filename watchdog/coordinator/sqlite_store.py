@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sqlite3
-import stat
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from watchdog.coordinator import nolinks
 from watchdog.coordinator.store import (
     DEFAULT_RETENTION,
     SCHEMA_TABLE,
@@ -36,7 +35,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
      "CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at)",
      "CREATE INDEX IF NOT EXISTS incidents_job ON incidents (job_id, detected_at)",
      "ALTER TABLE incidents ADD COLUMN coordinator TEXT NOT NULL DEFAULT ''"),
+    # 2: the user whose ranks each incident names: the unit of the byte budget's eviction.
+    ("ALTER TABLE incidents ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+     "CREATE INDEX IF NOT EXISTS incidents_owner ON incidents (owner, detected_at)"),
 )
+# An incident's bytes as stored (LENGTH of TEXT counts characters).
+_BYTES = "LENGTH(CAST(body AS BLOB))"
+_NEWEST = "(SELECT id FROM incidents ORDER BY detected_at DESC, id DESC LIMIT 1)"
 # SQLite's "file is not a database" and "database disk image is malformed".
 _DAMAGED = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
@@ -126,13 +131,13 @@ class SqliteStore(IncidentStore):
     def _execute(self, statement: str) -> None:
         self._connection().execute(statement)
 
-    def _upsert(self, incident: Incident, text: str, coordinator: str) -> None:
+    def _upsert(self, incident: Incident, text: str, coordinator: str, owner: str) -> None:
         with refused_as(sqlite3.Error):
             self._db().execute(
-                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, body) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                "INSERT INTO incidents (id, job_id, detected_at, kind, coordinator, owner, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
                 (incident["id"], incident["job_id"], incident["detected_at"], incident["kind"],
-                 coordinator, text))
+                 coordinator, owner, text))
 
     def _prune(self, now: float) -> None:
         with refused_as(sqlite3.Error):
@@ -145,21 +150,24 @@ class SqliteStore(IncidentStore):
                                 "LIMIT 1 OFFSET ?", (self.retention.count,)).fetchone()
             if beyond is not None:
                 db.execute("DELETE FROM incidents WHERE detected_at <= ?", beyond)
-            self._prune_bytes(db)
+            self._evict()
 
-    def _prune_bytes(self, db: sqlite3.Connection) -> None:
-        """Drop the oldest incidents while the database's pages in use hold more than the
-        retention's bytes; never the newest. Counted in pages, the whole of what the file holds
-        (the indexes too) is bounded, and the check is three pragmas that read no row."""
-        while (used := _used_bytes(db)) > self.retention.bytes:
-            (count,) = db.execute("SELECT COUNT(*) FROM incidents").fetchone()
-            if count <= 1:
-                return
-            # At the average size, the oldest rows that hold the excess: one statement, rather
-            # than one a row, when one huge incident arrives in a store of small ones.
-            doomed = min(count - 1, math.ceil(count * (used - self.retention.bytes) / used))
-            db.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM incidents "
-                       "ORDER BY detected_at LIMIT ?)", (doomed,))
+    def _used(self) -> int:
+        # The database's pages in use: the whole of what the file holds (the indexes too) is
+        # bounded, and the check is three pragmas that read no row.
+        return _used_bytes(self._connection())
+
+    def _largest_owner(self) -> str | None:
+        row = self._connection().execute(
+            f"SELECT owner FROM incidents GROUP BY owner ORDER BY SUM({_BYTES}) DESC, owner "
+            "LIMIT 1").fetchone()
+        return None if row is None else str(row[0])
+
+    def _drop_oldest(self, owner: str, excess: int) -> int:
+        return self._connection().execute(
+            f"DELETE FROM incidents WHERE id IN (SELECT id FROM (SELECT id, SUM({_BYTES}) OVER "
+            f"(ORDER BY detected_at, id) - {_BYTES} AS before FROM incidents WHERE owner = ? "
+            f"AND id <> {_NEWEST}) WHERE before < ?)", (owner, excess)).rowcount
 
     def used_bytes(self) -> int:
         """The bytes of the database's pages in use."""
@@ -208,23 +216,13 @@ def _used_bytes(db: sqlite3.Connection) -> int:
 
 
 def _make_private(path: str) -> None:
-    """The database's directory made 0700 when we make it, the database file created 0600, and
-    the files of it that we own and others could read set to 0600; SQLite gives the WAL and
-    shared-memory files it creates later the database file's mode.
+    """The database's directory made 0700 when we make it, then its files made private
+    (`nolinks.make_private`).
 
-    Nothing here opens a file that already exists: closing any descriptor of a file drops every
-    POSIX lock this process holds on it, SQLite's included, and a process that holds the
-    database open (a coordinator that also serves readers) would then look, to the next
-    process that closes it, as if it were gone: that one deletes the live WAL."""
+    Nothing here opens a file that already exists but O_PATH: closing any other descriptor of
+    a file drops every POSIX lock this process holds on it, SQLite's included, and a process
+    that holds the database open (a coordinator that also serves readers) would then look, to
+    the next process that closes it, as if it were gone: that one deletes the live WAL."""
     Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    for name in (path, f"{path}-wal", f"{path}-shm"):
-        try:
-            st = os.stat(name)
-        except FileNotFoundError:
-            continue
-        # Files only: a directory given as the database (even "/") is refused by SQLite, and
-        # must not lose its mode first.
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.chmod(name, 0o600)
+    nolinks.warn_shared_directory(path)
+    nolinks.make_private(path)

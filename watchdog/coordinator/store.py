@@ -17,10 +17,11 @@ import json
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from watchdog.coordinator.database import POSTGRES, Database
+from watchdog.coordinator.nolinks import open_own
 from watchdog.errors import SchemaTooNewError, StoreError
 from watchdog.schema import Incident
 
@@ -48,7 +49,8 @@ class Stored:
 @dataclass(frozen=True)
 class Retention:
     """The newest `count` incidents, none older than `days`, and within `bytes` (the newest
-    incident is always kept)."""
+    incident is always kept). Past `bytes`, the owner whose incidents take the most loses its
+    oldest first: one user's large incidents never evict another user's history."""
 
     count: int = KEEP_COUNT
     days: float = KEEP_DAYS
@@ -97,15 +99,26 @@ class IncidentStore(ABC):
         """Open the database now: StoreError, with a hint, when it cannot be."""
         self._ready()
 
-    def add(self, incident: Incident) -> None:
+    def add(self, incident: Incident, owner: str = "") -> None:
         """Persist one incident: one row per id. Adding an id again stores its newer text in
-        place (a notice that ended gains `ended_at`); the same text again changes nothing."""
-        self._add(incident, self.coordinator)
+        place (a notice that ended gains `ended_at`); the same text again changes nothing.
+        `owner`: the user whose ranks it names (a uid; "" unknown), whose share of
+        `Retention.bytes` it counts in."""
+        self._add(incident, self.coordinator, owner)
 
-    def _add(self, incident: Incident, coordinator: str) -> None:
+    def _add(self, incident: Incident, coordinator: str, owner: str) -> None:
         self._ready()
-        self._upsert(incident, incident_json(incident), coordinator)
+        self._upsert(incident, incident_json(incident), coordinator, owner)
         self._prune(now=float(incident["detected_at"]))
+
+    def _evict(self) -> None:
+        """While the store holds more than `Retention.bytes`, drop the oldest incidents of the
+        owner whose incidents take the most bytes (the newest incident counted, never dropped):
+        no owner's incident is dropped to make room for another's while that other holds more."""
+        while (excess := self._used() - self.retention.bytes) > 0:
+            owner = self._largest_owner()
+            if owner is None or not self._drop_oldest(owner, excess):
+                return
 
     def _ready(self) -> None:
         """Connected, with incidents spilled by an earlier process (or a running coordinator
@@ -121,19 +134,19 @@ class IncidentStore(ABC):
                 log.warning("cannot store the incidents kept in %s yet: %s", self.spill_path,
                             str(e).splitlines()[0])
 
-    def spill(self, incidents: list[Incident]) -> None:
+    def spill(self, incidents: list[Incident], owners: Mapping[str, str] | None = None) -> None:
         """Keep incidents the database refused in the spill file (made 0600, in a directory
         made 0700): the next process that opens the database stores them, as stored by this
-        store's coordinator."""
+        store's coordinator, each with its owner (`owners`, by incident id)."""
         os.makedirs(os.path.dirname(self.spill_path) or ".", mode=0o700, exist_ok=True)
         while True:
-            fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                         0o600)
+            fd = open_own(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             with os.fdopen(fd, "a", encoding="utf-8") as f:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_nlink == 0:
                     continue  # taken and removed while we waited: a new file, then
-                f.writelines(json.dumps({"coordinator": self.coordinator, "incident": incident},
+                f.writelines(json.dumps({"coordinator": self.coordinator, "incident": incident,
+                                         "owner": (owners or {}).get(incident["id"], "")},
                                         separators=(",", ":")) + "\n" for incident in incidents)
                 f.flush()
                 os.fsync(fd)
@@ -146,7 +159,7 @@ class IncidentStore(ABC):
 
     def _take_spilled(self) -> None:
         try:
-            with open(self.spill_path, encoding="utf-8") as f:
+            with os.fdopen(open_own(self.spill_path, os.O_RDONLY), encoding="utf-8") as f:
                 # flock, not fcntl's locks: closing this file must not touch SQLite's locks.
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX)
                 if os.fstat(f.fileno()).st_nlink == 0:
@@ -163,9 +176,9 @@ class IncidentStore(ABC):
             except ValueError:
                 continue  # a line cut short when the disk filled up
             if "incident" in kept:
-                self._add(kept["incident"], kept["coordinator"])
+                self._add(kept["incident"], kept["coordinator"], str(kept.get("owner", "")))
             else:  # a bare incident, as earlier releases kept them
-                self._add(kept, "")
+                self._add(kept, "", "")
 
     def _migrate(self, migrations: Sequence[Sequence[str]]) -> None:
         """Bring the database to the newest of `migrations` (step N takes it from version N to
@@ -210,9 +223,22 @@ class IncidentStore(ABC):
     def _execute(self, statement: str) -> None: ...
 
     @abstractmethod
-    def _upsert(self, incident: Incident, text: str, coordinator: str) -> None:
+    def _upsert(self, incident: Incident, text: str, coordinator: str, owner: str) -> None:
         """Insert the row of `incident` (`text`), or replace its text; the coordinator that
-        stored it first stays."""
+        stored it first, and its owner, stay."""
+
+    @abstractmethod
+    def _used(self) -> int:
+        """What `Retention.bytes` bounds, in a transaction `_prune` holds."""
+
+    @abstractmethod
+    def _largest_owner(self) -> str | None:
+        """The owner whose incidents take the most bytes; None when the store is empty."""
+
+    @abstractmethod
+    def _drop_oldest(self, owner: str, excess: int) -> int:
+        """Drop the oldest incidents of `owner` whose texts hold `excess` bytes (one at least,
+        never the newest of the store); how many were dropped."""
 
     @abstractmethod
     def _prune(self, now: float) -> None:

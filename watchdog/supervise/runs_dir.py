@@ -21,6 +21,7 @@ import pwd
 import re
 import socket
 import stat
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 NAME = "torch-hang-watchdog"
 _SOCKET = re.compile(r"run-(\d+)\.sock")
 MAX_UNIX_PATH = 107  # bytes in sockaddr_un.sun_path, less the terminating NUL
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass(frozen=True)
@@ -160,25 +162,33 @@ def _open_run(dir_fd: int, directory: str, name: str, owner: int) -> RunSocket |
         os.close(fd)
         return None
     run = RunSocket(pid, owner, os.path.join(directory, name), fd)
-    if _pid_owner(pid) != owner or not _listening(run):
+    listener = _listener_uid(run)
+    if _pid_owner(pid) != owner or listener is None:
         os.close(fd)
         _remove_stale(dir_fd, name, owner)
+        return None
+    if listener != owner:
+        os.close(fd)
+        log.warning("skipped %s: it is listened on by uid %d, not by its owner", run.path,
+                    listener)
         return None
     return run
 
 
-def _listening(run: RunSocket) -> bool:
-    """False when nothing listens on the socket any more (its run was killed, and the pid is
-    someone else's now)."""
+def _listener_uid(run: RunSocket) -> int | None:
+    """The uid the kernel says listens on the socket (SO_PEERCRED): whose answers these are,
+    whatever the file says. None when nothing listens any more (its run was killed, and the pid
+    is someone else's now)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         try:
             probe.connect(run.address.removeprefix("unix:"))
         except (ConnectionRefusedError, FileNotFoundError):
-            return False
+            return None
         except OSError:
-            return True  # busy or slow: let the status call say what is wrong
-    return True
+            return run.uid  # busy or slow: let the status call say what is wrong
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return int(_UCRED.unpack(creds)[1])
 
 
 def _remove_stale(dir_fd: int, name: str, owner: int) -> None:

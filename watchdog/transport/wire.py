@@ -187,6 +187,8 @@ def rank_to_pb(r: RankState) -> pb.RankState:
         m.evidence.CopyFrom(evidence_to_pb(r.evidence))
     if r.environment is not None:
         m.environment.CopyFrom(environment_to_pb(r.environment))
+    if r.uid is not None:
+        m.uid = r.uid
     return m
 
 
@@ -228,7 +230,7 @@ def rank_from_pb(m: pb.RankState) -> RankState:
         attempt=m.attempt, setup=setup, setup_age=setup_age, rendezvous=rendezvous,
         evidence=evidence_from_pb(m.evidence) if m.HasField("evidence") else NO_EVIDENCE,
         environment=environment_from_pb(m.environment) if m.HasField("environment") else None,
-        waited=m.waited, waited_sq=m.waited_sq)
+        waited=m.waited, waited_sq=m.waited_sq, uid=m.uid if m.HasField("uid") else None)
 
 
 def report_to_pb(report: NodeReport) -> pb.AgentMessage:

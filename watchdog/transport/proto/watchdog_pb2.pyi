@@ -92,6 +92,7 @@ class RankState(_message.Message):
     RENDEZVOUS_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     rank: _builtins.int
     local_rank: _builtins.int
@@ -131,6 +132,10 @@ class RankState(_message.Message):
     """seconds it has waited there, by the agent's clock"""
     rendezvous: _builtins.str
     """where the members meet: tcp://HOST:PORT, env://HOST:PORT, file://..."""
+    uid: _builtins.int
+    """50-59: who runs it
+    the verified process's user: whose share of the incident store
+    """
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupProgress]: ...
     @_builtins.property
@@ -185,10 +190,11 @@ class RankState(_message.Message):
         rendezvous: _builtins.str = ...,
         evidence: Global___CheckEvidence | None = ...,
         environment: Global___RankEnvironment | None = ...,
+        uid: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "compile_age", b"compile_age", "environment", b"environment", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "_uid", b"_uid", "activity", b"activity", "compile_age", b"compile_age", "environment", b"environment", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "heartbeat_age", b"heartbeat_age", "progress_age", b"progress_age", "setup_age", b"setup_age", "uid", b"uid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "environment", b"environment", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "waited", b"waited", "waited_sq", b"waited_sq", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age", "_exit_code", b"_exit_code", "_exited_at", b"_exited_at", "_heartbeat_age", b"_heartbeat_age", "_progress_age", b"_progress_age", "_setup_age", b"_setup_age", "_uid", b"_uid", "activity", b"activity", "attempt", b"attempt", "clean_exit", b"clean_exit", "compile_age", b"compile_age", "environment", b"environment", "events", b"events", "evidence", b"evidence", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "exited_at", b"exited_at", "gap_p99", b"gap_p99", "gaps", b"gaps", "groups", b"groups", "heartbeat_age", b"heartbeat_age", "hooked", b"hooked", "host", b"host", "job_id", b"job_id", "last_event_at", b"last_event_at", "local_rank", b"local_rank", "phase", b"phase", "phase_age", b"phase_age", "phase_timeout", b"phase_timeout", "pid", b"pid", "proc_state", b"proc_state", "progress_age", b"progress_age", "rank", b"rank", "rendezvous", b"rendezvous", "setup", b"setup", "setup_age", b"setup_age", "steps", b"steps", "uid", b"uid", "waited", b"waited", "waited_sq", b"waited_sq", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compile_age: _TypeAlias = _typing.Literal["compile_age"]  # noqa: Y015
     _WhichOneofArgType__compile_age: _TypeAlias = _typing.Literal["_compile_age", b"_compile_age"]  # noqa: Y015
@@ -202,6 +208,8 @@ class RankState(_message.Message):
     _WhichOneofArgType__progress_age: _TypeAlias = _typing.Literal["_progress_age", b"_progress_age"]  # noqa: Y015
     _WhichOneofReturnType__setup_age: _TypeAlias = _typing.Literal["setup_age"]  # noqa: Y015
     _WhichOneofArgType__setup_age: _TypeAlias = _typing.Literal["_setup_age", b"_setup_age"]  # noqa: Y015
+    _WhichOneofReturnType__uid: _TypeAlias = _typing.Literal["uid"]  # noqa: Y015
+    _WhichOneofArgType__uid: _TypeAlias = _typing.Literal["_uid", b"_uid"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__compile_age) -> _WhichOneofReturnType__compile_age | None: ...
     @_typing.overload
@@ -214,6 +222,8 @@ class RankState(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__progress_age) -> _WhichOneofReturnType__progress_age | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__setup_age) -> _WhichOneofReturnType__setup_age | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__uid) -> _WhichOneofReturnType__uid | None: ...
 
 Global___RankState: _TypeAlias = RankState  # noqa: Y015
 
