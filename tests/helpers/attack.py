@@ -47,6 +47,16 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def shared_base(scratch: Path) -> Path:
+    """The beacon base in `scratch` as a node has it before any job starts: root's, sticky and
+    open to every user (the tmpfiles entry, or the agent at its start, makes it), so that a
+    user's worker may start before the agent does."""
+    base = scratch / "torch-hang-watchdog"
+    base.mkdir()
+    base.chmod(0o1777)
+    return base
+
+
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from tests.helpers.attack import (
     coordinator,
     job,
     scratch_dir,
+    shared_base,
     wait_for,
     worker,
 )
@@ -25,7 +26,7 @@ def as_nobody(script: str) -> None:
 
 def test_truncated_beacons_fifos_and_junk_leave_the_agent_reporting() -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         spec = {"beacon_dir": str(beacons), "rank": 0, "world": 1}
         with coordinator(scratch) as coord, worker({**spec, "job": "attacker"}, AS_NOBODY), \
                 agent(scratch, beacons, "--coordinator", coord.address) as node:

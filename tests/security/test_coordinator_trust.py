@@ -15,6 +15,7 @@ from tests.helpers.attack import (
     job,
     rogue,
     scratch_dir,
+    shared_base,
     status,
     token_file,
     verdict,
@@ -61,7 +62,7 @@ def test_each_token_calls_only_what_its_role_may(tmp_path: Path) -> None:
 
 def test_an_agent_cannot_speak_for_another_node_nor_answer_its_requests() -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         agent_token = token_file(scratch, "agent")
         stolen = token_file(scratch, "stolen-agent", NOBODY)
         Path(stolen).write_text(Path(agent_token).read_text())  # a compromised node's copy

@@ -16,6 +16,7 @@ from tests.helpers.attack import (
     coordinator,
     hung_job,
     scratch_dir,
+    shared_base,
     verdict,
     worker,
 )
@@ -38,7 +39,7 @@ def test_a_dripping_receiver_holds_a_post_no_longer_than_its_deadline() -> None:
     try:
         port = int(next_line(receiver, 30).split()[1])
         with scratch_dir() as scratch:
-            beacons = scratch / "torch-hang-watchdog"
+            beacons = shared_base(scratch)
             with coordinator(scratch, "--notify-webhook", f"http://127.0.0.1:{port}/hook") as hub, \
                     agent(scratch, beacons, "--coordinator", hub.address):
                 first, first_peer = hung_job(beacons, "first")

@@ -24,6 +24,7 @@ from tests.helpers.attack import (
     memory_mib,
     reports_taken,
     scratch_dir,
+    shared_base,
     verdict,
     wait_for,
     worker,
@@ -36,7 +37,7 @@ BASELINE_S, ATTACK_S = 5.0, 12.0
 
 def test_a_beacon_naming_a_root_process_is_not_believed() -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         root_process = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)"], cwd="/",
             env=clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", WATCHDOG_JOB_ID="forged"))
@@ -61,7 +62,7 @@ def test_a_beacon_naming_a_root_process_is_not_believed() -> None:
 
 def test_a_forged_rank_with_a_huge_world_cannot_stop_the_victim_being_judged() -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         rank0, rank1 = hung_job(beacons, "victim")
         forged = {"beacon_dir": str(beacons), "job": "victim", "rank": 0, "world": 100_000,
                   "steps": 99}
@@ -99,7 +100,7 @@ def test_forged_beacons_claiming_a_huge_world_cost_the_agent_nothing() -> None:
     process. Neither is believed, and the agent reports as often, and holds as little memory, as
     before them."""
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         metrics = free_port()
         other_user = subprocess.Popen([*AS_DAEMON, "sleep", "600"], cwd="/")
         try:

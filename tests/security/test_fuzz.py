@@ -26,6 +26,7 @@ from tests.helpers.attack import (
     coordinator,
     job,
     scratch_dir,
+    shared_base,
     wait_for,
 )
 from tests.helpers.attack import worker as fake_worker
@@ -60,7 +61,7 @@ class Node:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         spec = {"beacon_dir": str(beacons), "rank": 0, "world": 1}
         metrics = free_port()
         with coordinator(scratch, "--metrics-listen", f"127.0.0.1:{metrics}") as coord, \
@@ -229,7 +230,7 @@ def fed_agent() -> Iterator[tuple[FakeCoordinator, Daemon]]:
     thread.start()
     ready.wait(30)
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         spec = {"beacon_dir": str(beacons), "rank": 0, "world": 1, "job": "fuzzed-by-coordinator"}
         with fake_worker(spec, AS_NOBODY), \
                 agent(scratch, beacons, "--coordinator", address[0]) as node:

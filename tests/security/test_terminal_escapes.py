@@ -15,6 +15,7 @@ from tests.helpers.attack import (
     coordinator,
     hung_job,
     scratch_dir,
+    shared_base,
     status,
     stored,
     verdict,
@@ -33,7 +34,7 @@ def hostile(spec: dict[str, object]) -> dict[str, object]:
 
 def test_strings_from_workers_reach_the_terminal_escaped() -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         rank0, rank1 = (hostile(spec) for spec in hung_job(beacons, "unused"))
         with coordinator(scratch) as coord, \
                 agent(scratch, beacons, "--coordinator", coord.address), \

@@ -16,6 +16,7 @@ from tests.helpers.attack import (
     agent,
     clean_env,
     scratch_dir,
+    shared_base,
     wait_for,
     worker,
 )
@@ -41,7 +42,7 @@ while True:
 @pytest.mark.parametrize("token", [False, True])
 def test_a_root_agent_never_follows_a_users_master_addr(token: bool) -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         flags: list[str] = []
         if token:
             token_file = scratch / "token"
@@ -72,7 +73,7 @@ def test_a_root_agent_never_follows_a_users_master_addr(token: bool) -> None:
 
 def test_a_coordinator_cannot_keep_a_job_paused_with_stack_requests(tmp_path: Path) -> None:
     with scratch_dir() as scratch:
-        beacons = scratch / "torch-hang-watchdog"
+        beacons = shared_base(scratch)
         flood = subprocess.Popen(
             [*AS_NOBODY, python(), attacker("flooding_coordinator.py"), "paused",
              "40"],
