@@ -30,7 +30,6 @@ from tests.helpers.daemons import (
 )
 from tests.helpers.harness import WATCHDOG, job_env, stop_process, stored, wait_for_output
 from watchdog.cli.demo import free_port, torchrun_command
-from watchdog.coordinator.fit import without_stacks
 
 SPILL_DEADLINE_S = 30
 READER_PAUSE_S = 1.0
@@ -92,13 +91,12 @@ def test_every_printed_incident_survives_readers_a_second_coordinator_and_sigkil
     try:
         first = wait_for_verdict(daemons.address, "store-a")["verdict"]
         second_log = stop_process(second)  # a second coordinator on the database, gone again
-        # a reader, live; Status's verdict is the stored incident less its stacks
-        seen = [without_stacks(i) for i in stored(tmp_path) if i["id"] == first["id"]]
+        seen = [i for i in stored(tmp_path) if i["id"] == first["id"]]  # a reader, live
         assert seen == [first], f"stored, yet no reader finds it: {sorted(db.parent.iterdir())}"
         holder.execute("BEGIN EXCLUSIVE")  # from now on the database refuses writers
         jobs.append(start_job(tmp_path, *WATCHDOG, "launch", "--", job_id="store-b", nproc=3))
         refused = wait_for_verdict(daemons.address, "store-b")["verdict"]
-        wait_for(lambda: spill.exists() or refused in map(without_stacks, stored(tmp_path)),
+        wait_for(lambda: spill.exists() or refused in stored(tmp_path),
                  f"incident {refused['id']} kept aside in {spill} or found by a reader",
                  SPILL_DEADLINE_S)
         readers.stop()
@@ -110,7 +108,7 @@ def test_every_printed_incident_survives_readers_a_second_coordinator_and_sigkil
         holder.close()
     daemons.coordinator = daemons.start_coordinator()  # stores what was kept aside
     wait_for(lambda: status(daemons.address), "the restarted coordinator")
-    kept = {incident["id"]: without_stacks(incident) for incident in stored(tmp_path)}
+    kept = {incident["id"]: incident for incident in stored(tmp_path)}
     assert second.returncode == 0, second_log
     assert readers.rounds >= 3 and readers.failures == []
     assert {first["id"], refused["id"]} <= printed_ids(daemons.logs)
