@@ -162,14 +162,6 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
     return list(reversed(json.loads(listed.stdout)))
 
 
-def stored_rank(tmp_path: Path, incident_id: str, rank: int) -> dict[str, Any]:
-    """The rank's row of the stored incident, with its stack (Status's verdict carries none)."""
-    shown = subprocess.run([*WATCHDOG, "incidents", "show", incident_id, "--json"],
-                           env=job_env(tmp_path), capture_output=True, text=True, check=True)
-    row: dict[str, Any] = next(r for r in json.loads(shown.stdout)["ranks"] if r["rank"] == rank)
-    return row
-
-
 def warnings(tmp_path: Path) -> dict[str, dict[str, Any]]:
     """The stored warnings (findings) by kind; each kind once."""
     found = [i for i in stored(tmp_path) if i["severity"] == "warning"]

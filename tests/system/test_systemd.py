@@ -98,13 +98,6 @@ def status(machine: Machine) -> dict[str, Any] | None:
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def stored(machine: Machine, incident_id: str) -> dict[str, Any]:
-    out = machine.run(f"watchdog incidents show {incident_id} --json "
-                      "--db /var/lib/torch-hang-watchdog/incidents.db")
-    incident: dict[str, Any] = json.loads(out.stdout)
-    return incident
-
-
 def incidents(machine: Machine) -> list[dict[str, Any]]:
     out = machine.run("watchdog incidents list --json "
                       "--db /var/lib/torch-hang-watchdog/incidents.db")
@@ -130,8 +123,7 @@ def test_a_users_hang_is_named_with_its_stack_and_nccl_log(machine: Machine,
                                                            hung_job: dict[str, Any]) -> None:
     verdict = hung_job["verdict"]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("MISSING_RANKS", [1]), verdict
-    # The verdict in Status carries no stacks: the stored incident has them.
-    culprit = next(r for r in stored(machine, verdict["id"])["ranks"] if r["rank"] == 1)
+    culprit = next(r for r in verdict["ranks"] if r["rank"] == 1)
     assert "read_sample_from_storage" in [f["function"] for f in culprit["stack"]], culprit
     # Read through the helper that takes the user's uid, under the agent unit's sandbox.
     assert NCCL_LINE in culprit["nccl_log"], machine.run(f"journalctl -u {AGENT}").stdout
