@@ -101,10 +101,10 @@ def test_status_with_no_flags_finds_the_running_job(hung_run: HungRun) -> None:
     assert sorted(r["rank"] for r in job["ranks"]) == [0, 1, 2, 3]
     assert job["verdict"]["id"] == hung_run.incident["id"]
     assert job["verdict"]["culprit_ranks"] == [2]
-    # the contract's keys, and beside them the job's attempt, groups of ranks alike, warnings
-    # and flagged ranks (none here: 4 ranks are each listed in full)
+    # the contract's keys, and beside them the job's attempt, groups of ranks alike, warnings,
+    # flagged ranks (none here: 4 ranks are each listed in full) and its slowest rank
     assert set(job) == {"job_id", "attempt", "state", "world_size", "nodes", "ranks",
-                        "rank_groups", "verdict", "findings", "flagged"}
+                        "rank_groups", "verdict", "findings", "flagged", "slowest"}
     assert (job["attempt"], job["rank_groups"], job["findings"], job["flagged"]) == (0, [], [],
                                                                                     [])
 

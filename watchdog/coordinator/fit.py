@@ -26,7 +26,6 @@ FRAME_LISTS = frozenset({"stack", "frames"})
 LOG_LISTS = frozenset({"nccl_log", "worker_log"})
 # (frames kept per stack, log lines kept per log), tried in turn until the record fits.
 STEPS = ((64, 100), (16, 20), (4, 4), (1, 1), (0, 0))
-EVERY = 1 << 30  # as many as there are
 
 
 def encoded_size(value: object) -> int:
@@ -53,27 +52,21 @@ def fit(record: T, limit: int) -> T:
     return _without_rows(cut)
 
 
-def without_stacks(incident: Incident) -> Incident:
-    """The incident with no stacks (its frames stay in the store: `incidents show`), as the
-    verdict rides in every Status reply."""
-    return _cut(incident, 0, EVERY, 0, mark=False)
-
-
-def _cut(value: T, frames: int, lines: int, limit: int, mark: bool = True) -> T:
+def _cut(value: T, frames: int, lines: int, limit: int) -> T:
     if isinstance(value, dict):
-        return cast(T, {key: _cut_field(key, item, frames, lines, limit, mark)
+        return cast(T, {key: _cut_field(key, item, frames, lines, limit)
                         for key, item in value.items()})
     if isinstance(value, list):
-        return cast(T, [_cut(item, frames, lines, limit, mark) for item in value])
+        return cast(T, [_cut(item, frames, lines, limit) for item in value])
     return value
 
 
-def _cut_field(key: str, value: Any, frames: int, lines: int, limit: int, mark: bool) -> Any:
+def _cut_field(key: str, value: Any, frames: int, lines: int, limit: int) -> Any:
     if key in FRAME_LISTS and isinstance(value, list) and len(value) > frames:
-        return value[:frames] + ([_mark(len(value) - frames, limit)] if mark else [])
+        return [*value[:frames], _mark(len(value) - frames, limit)]
     if key in LOG_LISTS and isinstance(value, list) and len(value) > lines:
         return value[len(value) - lines:]  # a log's last lines are the ones that tell
-    return _cut(value, frames, lines, limit, mark)
+    return _cut(value, frames, lines, limit)
 
 
 def _mark(cut: int, limit: int) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from watchdog.coordinator.actions import (
 )
 from watchdog.coordinator.admission import Admission
 from watchdog.coordinator.after_exit import StillHung
-from watchdog.coordinator.fit import MAX_STATUS_BYTES, fit, without_stacks
+from watchdog.coordinator.fit import MAX_STATUS_BYTES, fit
 from watchdog.coordinator.garbage_collection import sparing_full_collections
 from watchdog.coordinator.incident import build_finding_incident, build_incident, rank_table
 from watchdog.coordinator.jobs import JobView
@@ -198,7 +198,7 @@ class Coordinator:
                 "state": judgement.job_state(job, now),
                 "world_size": job.world_size, "nodes": sorted(set(job.nodes.values())),
                 **rank_table(snapshot, verdict["culprit_ranks"] if verdict else (), wanted),
-                "verdict": None if verdict is None else without_stacks(verdict),
+                "verdict": verdict,
                 "findings": list(job.findings.incidents),
                 "flagged": self.admission.to_json(job.job_id),
                 "slowest": slowest_json(job.ranks, job.slowest, job.stragglers.called)}
