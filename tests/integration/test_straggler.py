@@ -30,10 +30,10 @@ def _lost(incident: dict[str, Any]) -> float:
 
 def test_a_rank_slow_on_data_then_in_compute_is_named_there_each_time_until_it_catches_up(
         watch: Any, tmp_path: Path) -> None:
-    # a notice takes 6 s of samples, 6 s held and 3 stack samples; it ends 6 s after a
-    # quarter of the 12 s window caught up, and comes back once three quarters lag again
-    run = watch("--slow-rank", "3", "--spells", "data:18,none:14,compute:20",
-                "--seconds", "64", script=JOB, watchdog_args=DEFAULTS)
+    # a notice takes 7 s of samples, 10 s held and 3 stack samples; it ends 10 s after a
+    # quarter of the 20 s window caught up, and comes back once three quarters lag again
+    run = watch("--slow-rank", "3", "--spells", "data:28,none:20,compute:34",
+                "--seconds", "100", script=JOB, watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output
     assert run.incident is None  # notices, never a hang
     on_data, in_compute = _notices(tmp_path)
@@ -52,7 +52,7 @@ def test_jitter_on_every_rank_and_rank_0s_periodic_work_are_no_straggler(
         watch: Any, tmp_path: Path) -> None:
     # steps of 0.05-0.1 s on every rank; rank 0 works 0.4 s more every 5th step (within each
     # 1 s report) and 2 s more every 100th (an evaluation)
-    run = watch("--jitter", "0.05", "--rank0-work", "0.4:5,2:100", "--seconds", "26",
+    run = watch("--jitter", "0.05", "--rank0-work", "0.4:5,2:100", "--seconds", "40",
                 script=JOB, watchdog_args=DEFAULTS)
     assert run.returncode == 0, run.output
     assert "finished " in run.output

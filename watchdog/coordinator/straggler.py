@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from watchdog.model import RankState
 
-WINDOW_S = 12.0  # seconds of each rank's samples compared
+WINDOW_S = 20.0  # seconds of each rank's samples compared
 MIN_INTERVALS = 6  # intervals with steps in a rank's window before it is compared
 SKIP_STEPS = 5  # a rank's first steps: compiling, warming caches, its first batch
-HOLD_S = 6.0  # how long the gap must hold before it is called, and fail before it ends
+HOLD_S = 10.0  # how long the gap must hold before it is called, and fail before it ends
 MIN_LOST_S = 0.05  # seconds lost per step, at least...
 MIN_SHARE = 0.1  # ...and this share of a step
 MIN_SPREAD = 0.5  # ...spread over at least this share of the steps, not a phase in a few
