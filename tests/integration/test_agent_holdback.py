@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
 
 from agent.holdback import QUIET_WORLD
@@ -46,7 +47,11 @@ sys.stdin.read()
 
 
 def reports(port: int) -> float:
-    return value(scrape(port), "torch_hang_watchdog_reports_total") or 0.0
+    """The coordinator's reports so far; 0 while its metrics are not served yet."""
+    try:
+        return value(scrape(port), "torch_hang_watchdog_reports_total") or 0.0
+    except urllib.error.URLError:
+        return 0.0
 
 
 def reports_in(port: int, seconds: float) -> float:

@@ -7,7 +7,8 @@ import random
 from typing import Any
 
 from tests.helpers.builders import exited, rank
-from watchdog.coordinator.straggler import HOLD_S, StragglerTracker
+from watchdog.coordinator.straggler import HOLD_S, Slowest, StragglerTracker
+from watchdog.coordinator.straggler_notice import summary
 from watchdog.report.job_pages import job_page
 from watchdog.report.terminal import render_status
 
@@ -122,3 +123,11 @@ def test_status_and_the_job_page_show_the_notice_and_the_slowest_rank() -> None:
     assert "STRAGGLER</span> notice · ended" in page and "holds the job back 0.41 s" in page
     assert 'href="/incidents/abc123"' in page, page
     assert "below the straggler" in page
+
+
+def test_the_summary_names_the_straggler_its_host_its_place_and_the_waiters_once() -> None:
+    ranks = {r: rank(r, host="node-b" if r == 3 else "node-a") for r in range(4)}
+    text = summary(ranks, Slowest(3, 0.41, 0.5, (3,)), [3],
+                   ("in read_shard at data.py:16", "DDP's all-reduce"))
+    assert text == ("rank 3 (host node-b) holds the job back 0.41 s per step (82% of each "
+                    "step), in read_shard at data.py:16; ranks 0-2 wait in DDP's all-reduce")

@@ -76,7 +76,7 @@ class StragglerNotices:
             others = [r for r in sorted(job.ranks) if r not in called]
             text = summary(job.ranks, slowest, called, where(samples, called[0], others))
             step = min(job.ranks[r].steps for r in called if r in job.ranks)
-            finding = Finding(Kind.STRAGGLER, f"ranks {ranks_text(called)} from step {step}",
+            finding = Finding(Kind.STRAGGLER, f"{ranks_text(called)} from step {step}",
                               called, step, text)
             incident = build_finding_incident(snapshot, finding, uuid.uuid4().hex[:12], now)
             incident["waiting_ranks"] = others
@@ -141,16 +141,14 @@ def summary(ranks: Mapping[int, RankState], slowest: Slowest, stragglers: Sequen
     hosts = sorted({ranks[r].host for r in stragglers if r in ranks})
     others = [r for r in sorted(ranks) if r not in stragglers]
     many = len(stragglers) > 1
-    text = (f"{'ranks' if many else 'rank'} {ranks_text(stragglers)} "
-            f"({'hosts' if len(hosts) > 1 else 'host'} {', '.join(hosts)}) "
-            f"{'hold' if many else 'holds'} the job back {slowest.lost:.2f} s per step "
-            f"({slowest.share:.0%} of each step)")
+    text = (f"{ranks_text(stragglers)} ({'hosts' if len(hosts) > 1 else 'host'} "
+            f"{', '.join(hosts)}) {'hold' if many else 'holds'} the job back "
+            f"{slowest.lost:.2f} s per step ({slowest.share:.0%} of each step)")
     held, waited = place
     if held:
         text += f", {held}"
     if waited and others:
-        text += f"; {'ranks' if len(others) > 1 else 'rank'} {ranks_text(others)} " \
-                f"{'wait' if len(others) > 1 else 'waits'} in {waited}"
+        text += f"; {ranks_text(others)} {'wait' if len(others) > 1 else 'waits'} in {waited}"
     return text
 
 
