@@ -26,6 +26,7 @@ from tests.helpers.harness import (
 from watchdog.cli.demo import TRAIN_SCRIPT, free_port
 
 DEADLINE_S = 150
+STRAGGLER_JOB = str(Path(__file__).parents[1] / "jobs" / "straggler.py")
 
 
 class Cluster:
@@ -58,12 +59,12 @@ class Cluster:
         return self._spawn(["agent", "--coordinator", self.address, *self.agent_args,
                             "--node-name", node], node)
 
-    def start_job(self, *train_args: str) -> None:
+    def start_job(self, *train_args: str, script: str = TRAIN_SCRIPT) -> None:
         for node_rank, node in enumerate(("node-a", "node-b")):
             self._spawn([
                 *WATCHDOG, "launch", "--", sys.executable, "-m", "torch.distributed.run",
                 "--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1", f"--master_port={self.master_port}", TRAIN_SCRIPT,
+                "--master_addr=127.0.0.1", f"--master_port={self.master_port}", script,
                 *train_args], node)
 
     def stop(self) -> str:
@@ -118,6 +119,25 @@ def test_with_default_settings_a_stall_on_the_other_node_is_named_once_the_floor
         output = cluster.stop()
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("MISSING_RANKS", [3])
     assert_called_at(FLOOR_S, verdict["detected_at"], fault_time(output, "data_stall"))
+
+
+def test_with_default_settings_a_straggler_on_the_other_node_is_named_with_its_host(
+        tmp_path: Path) -> None:
+    """Rank 3, on node-b, spends 0.4 s more per step reading its data: each rank's wait is
+    measured on its own node's clock, and the notice names rank 3 on node-b's host."""
+    cluster = Cluster(tmp_path, defaults=True)
+    try:
+        cluster.start_job("--slow-rank", "3", "--spells", "data:60", "--seconds", "60",
+                          script=STRAGGLER_JOB)
+        job = cluster.wait_for(lambda j: any(f["kind"] == "STRAGGLER" for f in j["findings"]))
+    finally:
+        cluster.stop()
+    notice = next(f for f in job["findings"] if f["kind"] == "STRAGGLER")
+    assert (notice["severity"], notice["culprit_ranks"]) == ("notice", [3]), notice
+    assert notice["waiting_ranks"] == [0, 1, 2]
+    assert next(r for r in notice["ranks"] if r["rank"] == 3)["node"] == "node-b"
+    assert "read_shard at straggler.py" in notice["summary"], notice["summary"]
+    assert job["slowest"]["rank"] == 3 and job["slowest"]["straggler"], job["slowest"]
 
 
 def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:

@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import postgres as pg
 from tests.helpers.databases import execute
 from watchdog.coordinator import postgres_store, sqlite_store
-from watchdog.coordinator.database import SQLITE, Database, mask
+from watchdog.coordinator.database import POSTGRES, SQLITE, Database, mask
 from watchdog.coordinator.postgres_store import PostgresStore
 from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.coordinator.store import IncidentStore, Retention, Stored, incident_json
@@ -164,6 +164,36 @@ def test_coordinators_pruning_one_database_at_once_fail_nothing(make_store: Make
 
 
 # -- the schema: created, migrated forward, a newer one refused --------------------------------
+
+@pytest.mark.parametrize("database", [POSTGRES], indirect=True)
+def test_coordinators_opening_a_new_database_at_once_all_find_its_schema(
+        database: Database, make_store: MakeStore) -> None:
+    """Shards started together on an empty PostgreSQL database: one makes the schema, the
+    others wait for it and find it made (the second of two coordinators once looked for the
+    table in its session's catalog cache, did not see it yet, made it again and refused to
+    start). SQLite's first open has a race of its own, not closed yet (docs/design.md)."""
+    failures: list[BaseException] = []
+    ready = threading.Barrier(4)
+
+    def coordinator(k: int) -> None:
+        store = make_store(coordinator=f"c{k}", busy_timeout=10.0)
+        ready.wait()
+        try:
+            store.open()
+        except BaseException as e:
+            failures.append(e)
+        store.close()
+
+    threads = [threading.Thread(target=coordinator, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []
+    assert execute(database, "SELECT version FROM incidents_schema") == [
+        (len(backend_of(database).MIGRATIONS),)]
+
+
 
 def backend_of(database: Database) -> Any:
     return sqlite_store if database.kind == SQLITE else postgres_store

@@ -38,14 +38,14 @@ STATEMENT_TIMEOUT_MS = 10_000
 # Step N takes the schema from version N to N + 1 (`IncidentStore._migrate`).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the incidents, with the coordinator that stored each and the bytes of its text.
-    ("CREATE TABLE incidents (id TEXT PRIMARY KEY, job_id TEXT NOT NULL, "
+    ("CREATE TABLE IF NOT EXISTS incidents (id TEXT PRIMARY KEY, job_id TEXT NOT NULL, "
      "detected_at DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL, coordinator TEXT NOT NULL, "
      "bytes INTEGER NOT NULL, body TEXT NOT NULL)",
-     "CREATE INDEX incidents_detected ON incidents (detected_at)",
-     "CREATE INDEX incidents_job ON incidents (job_id, detected_at)"),
+     "CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at)",
+     "CREATE INDEX IF NOT EXISTS incidents_job ON incidents (job_id, detected_at)"),
     # 2: the user whose ranks each incident names: the unit of the byte budget's eviction.
-    ("ALTER TABLE incidents ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
-     "CREATE INDEX incidents_owner ON incidents (owner, detected_at)"),
+    ("ALTER TABLE incidents ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT ''",
+     "CREATE INDEX IF NOT EXISTS incidents_owner ON incidents (owner, detected_at)"),
 )
 
 
@@ -114,8 +114,12 @@ class PostgresStore(IncidentStore):
 
     def _schema_version(self) -> int:
         conn = self._connection()
-        exists = conn.execute("SELECT to_regclass(%s)", (SCHEMA_TABLE,)).fetchone()
-        if exists is None or exists[0] is None:
+        # pg_tables, read under the statement's snapshot: to_regclass answers from the
+        # session's catalog cache, which may still miss a table another coordinator's
+        # migration committed while this one waited for the schema lock.
+        exists = conn.execute("SELECT 1 FROM pg_catalog.pg_tables WHERE tablename = %s "
+                              "AND schemaname = current_schema()", (SCHEMA_TABLE,)).fetchone()
+        if exists is None:
             return 0
         row = conn.execute(f"SELECT max(version) FROM {SCHEMA_TABLE}").fetchone()
         return int(row[0] or 0) if row else 0
