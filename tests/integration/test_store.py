@@ -44,6 +44,30 @@ def ids(store: IncidentStore) -> list[str]:
     return [json.loads(stored.text)["id"] for stored in store.listed()]
 
 
+def together(count: int, work: Callable[[int, IncidentStore], object],
+             make: Callable[[int], IncidentStore]) -> list[BaseException]:
+    """`work` by `count` coordinators at once, each on a store of its own made first (they
+    start together); what any of them raised."""
+    failures: list[BaseException] = []
+    ready = threading.Barrier(count)
+
+    def coordinator(k: int) -> None:
+        store = make(k)
+        ready.wait()
+        try:
+            work(k, store)
+        except BaseException as e:
+            failures.append(e)
+        store.close()
+
+    threads = [threading.Thread(target=coordinator, args=(k,)) for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return failures
+
+
 def test_text_survives_reopening_byte_for_byte(make_store: MakeStore) -> None:
     store = make_store()
     store.add(incident(1, 1000.0))
@@ -141,22 +165,13 @@ def test_coordinators_pruning_one_database_at_once_fail_nothing(make_store: Make
     leaves the newest `count`."""
     retention = Retention(count=20)
     make_store().open()  # the schema, before the race
-    failures: list[BaseException] = []
 
-    def coordinator(k: int) -> None:
-        store = make_store(retention=retention, coordinator=f"c{k}", busy_timeout=10.0)
-        try:
-            for n in range(60):
-                store.add(incident(n, 1000.0 + n + k / 10) | {"id": f"{k}-{n}"})
-        except BaseException as e:
-            failures.append(e)
-        store.close()
+    def coordinator(k: int, store: IncidentStore) -> None:
+        for n in range(60):
+            store.add(incident(n, 1000.0 + n + k / 10) | {"id": f"{k}-{n}"})
 
-    threads = [threading.Thread(target=coordinator, args=(k,)) for k in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    failures = together(3, coordinator, lambda k: make_store(
+        retention=retention, coordinator=f"c{k}", busy_timeout=10.0))
     last = make_store(retention=retention)
     last.add(incident(99, 2000.0))
     assert failures == []
@@ -172,23 +187,8 @@ def test_coordinators_opening_a_new_database_at_once_all_find_its_schema(
     others wait for it and find it made (the second of two coordinators once looked for the
     table in its session's catalog cache, did not see it yet, made it again and refused to
     start). SQLite's first open has a race of its own, not closed yet (docs/design.md)."""
-    failures: list[BaseException] = []
-    ready = threading.Barrier(4)
-
-    def coordinator(k: int) -> None:
-        store = make_store(coordinator=f"c{k}", busy_timeout=10.0)
-        ready.wait()
-        try:
-            store.open()
-        except BaseException as e:
-            failures.append(e)
-        store.close()
-
-    threads = [threading.Thread(target=coordinator, args=(k,)) for k in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    failures = together(4, lambda _, store: store.open(),
+                        lambda k: make_store(coordinator=f"c{k}", busy_timeout=10.0))
     assert failures == []
     assert execute(database, "SELECT version FROM incidents_schema") == [
         (len(backend_of(database).MIGRATIONS),)]
