@@ -47,9 +47,14 @@ sys.stdin.read()
 
 
 def reports(port: int) -> float:
-    """The coordinator's reports so far; 0 while its metrics are not served yet."""
+    return value(scrape(port), "torch_hang_watchdog_reports_total") or 0.0
+
+
+def reports_once_served(port: int) -> float:
+    """`reports`, 0 while the coordinator does not serve its metrics yet (it starts them
+    after it says it listens)."""
     try:
-        return value(scrape(port), "torch_hang_watchdog_reports_total") or 0.0
+        return reports(port)
     except urllib.error.URLError:
         return 0.0
 
@@ -73,7 +78,7 @@ def test_a_large_jobs_node_holds_back_progress_alone_and_sends_a_stall(tmp_path:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             try:
                 deadline = time.monotonic() + FIRST_REPORT_S
-                while reports(metrics) < 2 and time.monotonic() < deadline:
+                while reports_once_served(metrics) < 2 and time.monotonic() < deadline:
                     time.sleep(0.2)
                 progressing = reports_in(metrics, WINDOW_S)
                 assert worker.stdin is not None
