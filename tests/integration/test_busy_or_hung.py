@@ -24,16 +24,6 @@ CHECKPOINT_S = 30.0  # the demo job's --fault-seconds
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 
 
-def test_a_slow_first_step_and_every_rank_evaluating_for_30_s_are_left_alone(
-        watch: Any, tmp_path: Path) -> None:
-    run = watch("--slow-start", "15", "--fault", "evaluate_all", "--fault-step", "40",
-                "--steps", "50", watchdog_args=DEFAULTS)
-    assert run.returncode == 0, run.output
-    assert "finished 50 steps" in run.output
-    assert run.incident is None
-    assert stored(tmp_path) == []
-
-
 def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
                                                                tmp_path: Path) -> None:
     """A phase that passes the threshold: the job is looked at, rank 0 is busy, not hung."""

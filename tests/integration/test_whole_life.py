@@ -1,5 +1,5 @@
 """A job's whole life under `watchdog run` at the settings a user gets by default: long phases
-(an evaluation on every rank, one rank's checkpoint, evaluations all along a job) are left
+(a slow first step, an evaluation on every rank, one rank's checkpoint, evaluations all along a job) are left
 alone, and a rank that stops after them is still named once the floor passes, not minutes later
 (real torchrun, gloo, py-spy). tests/integration/test_start_up.py has the other end of a life:
 a rank stuck before its first step; test_lightning.py the same life under PyTorch Lightning."""
@@ -45,11 +45,14 @@ def assert_named_at_the_floor(run: Any, tmp_path: Path) -> list[dict[str, Any]]:
     return before
 
 
-def test_a_stall_after_a_30_s_evaluation_is_named_at_the_floor(watch: Any,
-                                                                tmp_path: Path) -> None:
-    """Every rank evaluates for 30 s at step 40, then rank 1 blocks reading data at step 60."""
-    run = watch("--evaluate-every", "40", "--fault-seconds", "30", "--fault", "data_stall",
-                "--fault-rank", "1", "--fault-step", "60", watchdog_args=DEFAULTS)
+def test_a_stall_after_a_slow_first_step_and_a_30_s_evaluation_is_named_at_the_floor(
+        watch: Any, tmp_path: Path) -> None:
+    """Every rank works 15 s before its first step and evaluates for 30 s at step 40, both left
+    alone (no verdict, no notice); then rank 1 blocks reading data at step 60."""
+    run = watch("--slow-start", "15", "--evaluate-every", "40", "--fault-seconds", "30",
+                "--fault", "data_stall", "--fault-rank", "1", "--fault-step", "60",
+                watchdog_args=DEFAULTS)
+    assert run.output.count("fault evaluation at step") == 4, run.output
     assert assert_named_at_the_floor(run, tmp_path) == []
 
 

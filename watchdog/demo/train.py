@@ -32,6 +32,7 @@ MISTAKES = ("load_after_ddp", "no_sampler", "no_ddp", "no_set_epoch", "cast_afte
 # Mistakes that raise on every rank alike, at one line: a DistributedSampler and shuffle=True.
 RAISING_MISTAKES = ("sampler_shuffle",)
 BATCH_SIZE = 4
+EVALUATION_BURST_S = 0.01  # of forward passes, then three times as long waiting (evaluate_for)
 
 
 class Progress:
@@ -125,12 +126,17 @@ def evaluate() -> None:
 
 
 def evaluate_for(model: torch.nn.Module, seconds: float) -> None:
-    """A long evaluation: forward passes on the CPU, no collective, for `seconds`."""
+    """A long evaluation: forward passes on the CPU, no collective, for `seconds`. Like an
+    evaluation on a GPU, whose CPU waits for the device most of the time, it keeps its core
+    busy a quarter of the time: every rank evaluating at once leaves the node's other work
+    a share of the CPU (the tests run several jobs on two cores)."""
     batch = torch.randn(256, 8)
     end = time.monotonic() + seconds
     with torch.no_grad():
-        while time.monotonic() < end:
-            model(batch).sum().item()
+        while (now := time.monotonic()) < end:
+            while time.monotonic() < now + EVALUATION_BURST_S:
+                model(batch).sum().item()
+            time.sleep(3 * EVALUATION_BURST_S)
 
 
 def write_checkpoint(seconds: float) -> None:
