@@ -37,20 +37,34 @@ from watchdog.transport.limits import MAX_FRAMES
 
 pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 
+# A rank: `depth` calls deep in functions named `name` (in a file named `file`), where it waits
+# on the first of the `children` it started, or sleeps. Each child is this script again (its
+# source is in its own command line, `python3 -c SOURCE`), `child_depth` deep in functions of
+# that name in a file named `child_file`, sleeping.
+RANK = """
+import subprocess, sys, time
+depth, name, file, children, child_depth, child_file = sys.argv[1:]
+scope = {"time": time}
+exec(compile('''
+def dive(depth, child):
+    if depth:
+        return dive(depth - 1, child)
+    if child is not None:
+        child.wait()
+    while True:
+        time.sleep(1)
+''', file, "exec"), scope)
+dive = scope["dive"]
+dive.__code__ = dive.__code__.replace(co_name=name, co_qualname=name)
+kids = [subprocess.Popen([*sys.orig_argv[:3], child_depth, name, child_file, "0", "0", "-"])
+        for _ in range(int(children))]
+dive(int(depth), kids[0] if kids else None)
+"""
+
 # Named "torchrun", it looks like torchrun; its ranks get what torchrun gives its workers.
 LAUNCHER = """
 import json, os, subprocess, sys, time
 spec = json.loads(sys.argv[1])
-RANK = '''
-import sys, time
-def dive(depth):
-    if depth:
-        return dive(depth - 1)
-    while True:
-        time.sleep(1)
-dive.__code__ = dive.__code__.replace(co_name=sys.argv[2], co_qualname=sys.argv[2])
-dive(int(sys.argv[1]))
-'''
 world = len(spec["ranks"])
 for rank, (depth, nccl) in enumerate(spec["ranks"]):
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
@@ -58,7 +72,9 @@ for rank, (depth, nccl) in enumerate(spec["ranks"]):
                MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none", WATCHDOG_JOB_ID=spec["job"])
     if nccl:
         env["NCCL_DEBUG_FILE"] = nccl
-    subprocess.Popen(["python3", "-c", RANK, str(depth), spec["name"]], env=env)
+    subprocess.Popen(["python3", "-c", spec["rank"], str(depth), spec["name"], "<string>",
+                      str(spec["children"]), str(spec["child_depth"]), spec["child_file"]],
+                     env=env)
 print("launched", flush=True)
 time.sleep(3600)
 """
@@ -66,12 +82,17 @@ time.sleep(3600)
 
 @contextmanager
 def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]],
-                name: str = "dive") -> Iterator[None]:
+                name: str = "dive", children: int = 0, child_depth: int = 0,
+                child_file: str = "<string>") -> Iterator[None]:
     """`nobody`'s torchrun job without the hook: a rank per (recursion depth before it
-    blocks, in functions called `name`; its NCCL_DEBUG_FILE or ""), until the block ends."""
+    blocks, in functions called `name`; its NCCL_DEBUG_FILE or ""), until the block ends.
+    With `children`, each rank starts that many and blocks waiting on the first: each
+    `child_depth` deep in functions called `name`, of a file called `child_file`."""
     launcher = scratch / "torchrun"
     launcher.write_text(LAUNCHER)
-    spec = json.dumps({"job": job_id, "ranks": ranks, "name": name})
+    spec = json.dumps({"job": job_id, "ranks": ranks, "name": name, "rank": RANK,
+                       "children": children, "child_depth": child_depth,
+                       "child_file": child_file})
     proc = subprocess.Popen([*AS_NOBODY, python(), str(launcher), spec],
                             stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
                             start_new_session=True)
@@ -79,7 +100,7 @@ def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]],
         assert proc.stdout is not None and proc.stdout.readline() == "launched\n"
         yield
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its ranks
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, its ranks and their children
         proc.wait()
 
 
