@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from watchdog.frames import TRUNCATED_FILE, hidden_by
 from watchdog.model import ChildStack, Frame, StackReply
 from watchdog.transport.limits import MAX_MESSAGE_BYTES
 from watchdog.transport.wire import stacks_to_pb
@@ -20,7 +21,6 @@ log = logging.getLogger(__name__)
 # Below the message limit, with room for the AgentMessage around the reply.
 MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 STEPS = (64, 16, 4, 1, 0)  # frames kept per stack, tried in turn
-TRUNCATED_FILE = "<truncated>"  # the file of a frame that marks a cut (model.bounded_frames)
 
 
 def fit_reply(reply: StackReply, limit: int = MAX_REPLY_BYTES) -> StackReply:
@@ -73,7 +73,7 @@ def _cut(frames: tuple[Frame, ...], keep: int, limit: int) -> tuple[Frame, ...]:
     an earlier mark said were not shown)."""
     hidden = 0
     if frames and frames[-1].file == TRUNCATED_FILE:
-        frames, hidden = frames[:-1], _count(frames[-1])
+        frames, hidden = frames[:-1], hidden_by(frames[-1].function)
     if len(frames) <= keep:
         return (*frames, *_marks(hidden, limit))
     return (*frames[:keep], *_marks(len(frames) - keep + hidden, limit))
@@ -83,8 +83,3 @@ def _marks(hidden: int, limit: int) -> tuple[Frame, ...]:
     text = f"…[{hidden} outer frames not shown: the reply was over {limit} bytes]"
     return (Frame(text, TRUNCATED_FILE, 0),) if hidden else ()
 
-
-def _count(mark: Frame) -> int:
-    """The frames a mark (model.bounded_frames', or ours) says are not shown."""
-    digits = mark.function.removeprefix("…[").split(" ", 1)[0]
-    return int(digits) if digits.isdigit() else 0

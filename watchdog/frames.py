@@ -26,6 +26,17 @@ _DEMO_DIR = _OWN_DIR + "demo" + os.sep  # ...and the bundled jobs, which play us
 HOOK_DIR = _OWN_DIR + "hook" + os.sep
 
 
+# The file of a frame that marks a cut, whose name says how many frames are not shown
+# ("…[N outer frames not shown...]"): model.bounded_frames, the agent's reply, the incident's bound.
+TRUNCATED_FILE = "<truncated>"
+
+
+def hidden_by(mark_function: str) -> int:
+    """The frames a cut's mark says are not shown (0 for a name that is no mark's)."""
+    digits = mark_function.removeprefix("…[").split(" ", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
 def is_library_source(file: str) -> bool:
     """Installed packages, the standard library and this package's own code (its bundled jobs
     aside): anything but the user's own source."""

@@ -20,7 +20,7 @@ from watchdog.beacon.records import Environment as Environment
 from watchdog.beacon.records import Fingerprint as Fingerprint
 from watchdog.beacon.records import Pace as Pace
 from watchdog.collectives import DDP_INIT_OP as DDP_INIT_OP
-from watchdog.frames import is_native_file
+from watchdog.frames import TRUNCATED_FILE, is_native_file
 from watchdog.text import bounded_escaped
 
 WORLD_GROUP = "0"  # c10d names the default process group "0"
@@ -194,7 +194,7 @@ def bounded_frames(frames: Sequence[Frame], limit: int,
                   max(-MAX_LINE, min(f.line, MAX_LINE)))
             for f in frames[:limit - 1 if cut else limit]]
     if cut:
-        kept.append(Frame(f"…[{total - len(kept)} outer frames not shown]", "<truncated>", 0))
+        kept.append(Frame(f"…[{total - len(kept)} outer frames not shown]", TRUNCATED_FILE, 0))
     return tuple(kept)
 
 

@@ -1,8 +1,9 @@
 """A job's whole life under `watchdog run` at the settings a user gets by default: long phases
-(a slow first step, an evaluation on every rank, one rank's checkpoint, evaluations all along a job) are left
-alone, and a rank that stops after them is still named once the floor passes, not minutes later
-(real torchrun, gloo, py-spy). tests/integration/test_start_up.py has the other end of a life:
-a rank stuck before its first step; test_lightning.py the same life under PyTorch Lightning."""
+(a slow first step, an evaluation on every rank, one rank's checkpoint, evaluations all along a
+job) are left alone, and a rank that stops after them is still named once the floor passes, not
+minutes later (real torchrun, gloo, py-spy). tests/integration/test_start_up.py has the other
+end of a life: a rank stuck before its first step; test_lightning.py the same life under
+PyTorch Lightning."""
 
 from __future__ import annotations
 

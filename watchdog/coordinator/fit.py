@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
+from watchdog.frames import TRUNCATED_FILE, hidden_by
 from watchdog.schema import Incident
 from watchdog.transport.limits import MAX_MESSAGE_BYTES
 
@@ -63,7 +64,11 @@ def _cut(value: T, frames: int, lines: int, limit: int) -> T:
 
 def _cut_field(key: str, value: Any, frames: int, lines: int, limit: int) -> Any:
     if key in FRAME_LISTS and isinstance(value, list) and len(value) > frames:
-        return [*value[:frames], _mark(len(value) - frames, limit)]
+        hidden = 0  # what an earlier cut's mark said was not shown counts too
+        last = value[-1]
+        if isinstance(last, dict) and last.get("file") == TRUNCATED_FILE:
+            value, hidden = value[:-1], hidden_by(str(last.get("function", "")))
+        return [*value[:frames], _mark(max(0, len(value) - frames) + hidden, limit)]
     if key in LOG_LISTS and isinstance(value, list) and len(value) > lines:
         return value[len(value) - lines:]  # a log's last lines are the ones that tell
     return _cut(value, frames, lines, limit)
@@ -71,7 +76,7 @@ def _cut_field(key: str, value: Any, frames: int, lines: int, limit: int) -> Any
 
 def _mark(cut: int, limit: int) -> dict[str, Any]:
     return {"function": f"…[{cut} frames not shown: the record was over {limit} bytes]",
-            "file": "<truncated>", "line": 0}
+            "file": TRUNCATED_FILE, "line": 0}
 
 
 def _without_rows(value: T) -> T:
