@@ -180,8 +180,10 @@ class Agent:
 
     async def _serve(self, request: StackRequest) -> None:
         try:
-            refusal = self._stack_budget.refuse(request.job_id, time.monotonic())
-            stacks = (await self.collect_stacks(request.job_id, request.ranks, request.samples)
+            now = time.monotonic()  # one clock for the job's budget and its processes'
+            refusal = self._stack_budget.refuse(request.job_id, now)
+            stacks = (await self.collect_stacks(request.job_id, request.ranks, request.samples,
+                                                now)
                       if not refusal
                       else [RankStack(rank, 0, error=refusal) for rank in request.ranks])
             reply = StackReply(request.request_id, self.node, tuple(stacks))
@@ -189,21 +191,24 @@ class Agent:
         except Exception:
             log.exception("stack request %d failed", request.request_id)
 
-    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...],
-                             samples: int = 1) -> list[RankStack]:
-        """Stacks of the local ranks asked for; only live workers of the table (verified) are
-        attached to."""
+    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...], samples: int = 1,
+                             now: float | None = None) -> list[RankStack]:
+        """Stacks of the local ranks asked for, at monotonic `now`; only live workers of the
+        table (verified) are attached to, each process at most once a MIN_INTERVAL_S."""
         targets: list[Worker] = []
         refused: list[RankStack] = []
+        now = time.monotonic() if now is None else now
         for rank in ranks:
             worker = self.table.find(job_id, rank)
             if worker is None:
                 continue
-            if worker.alive:
-                targets.append(worker)
+            pid = worker.identity.pid
+            why = ("not attaching: it has exited" if not worker.alive
+                   else self._stack_budget.refuse_process(pid, now))
+            if why:
+                refused.append(RankStack(rank, pid, error=why))
             else:
-                refused.append(RankStack(rank, worker.identity.pid,
-                                         error="not attaching: it has exited"))
+                targets.append(worker)
         started = time.monotonic()
         stacks = await dump_stacks(
             [(w.identity.rank, w.identity.pid, w.start_ticks, w.owner.uid if w.owner else None)

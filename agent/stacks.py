@@ -15,6 +15,7 @@ took 2.1-2.3 s each, and past the timeout all of that work is lost.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -43,6 +44,9 @@ MAX_ERROR_BYTES = 512  # of a child's dump failure (the wire takes 4096 at most)
 MAX_DUMP_BYTES = 4 * 1024 * 1024
 MAX_STDERR_BYTES = 64 * 1024  # what is read of why it failed
 DUMPS_AT_ONCE = 4  # on the node: a dump takes 15-25 ms, so a node's ranks still wait little
+# ...of which one user's ranks and children hold at most this many: another user's always finds
+# a turn, however many (verified) jobs the first one keeps asking about
+USER_DUMPS_AT_ONCE = DUMPS_AT_ONCE - 1
 _DENIED_MARKERS = ("Permission denied", "Operation not permitted", "ptrace")
 
 
@@ -108,7 +112,7 @@ def _gone(pid: int) -> str:
 
 
 async def _run_py_spy(argv: list[str], timeout: float) -> str:
-    async with _turns():
+    async with _user_turns(_DUMPING_FOR.get()), _turns():
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
@@ -150,6 +154,21 @@ def _turns() -> asyncio.Semaphore:
     """The node's dumps at once (every job's ranks and children): each holds up to
     MAX_DUMP_BYTES of output, parsed."""
     return _TURNS.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(DUMPS_AT_ONCE))
+
+
+# The user whose process the task dumps (None: not known). A context variable, since each
+# rank's and child's sampling runs as a task of its own, and the dump is several calls down.
+_DUMPING_FOR: contextvars.ContextVar[int | None] = contextvars.ContextVar("dumping_for",
+                                                                          default=None)
+_USER_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                       dict[int | None, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _user_turns(uid: int | None) -> asyncio.Semaphore:
+    """One user's dumps at once (USER_DUMPS_AT_ONCE), taken before a turn of the node's."""
+    users = _USER_TURNS.setdefault(asyncio.get_running_loop(), {})
+    return users.setdefault(uid, asyncio.Semaphore(USER_DUMPS_AT_ONCE))
 
 
 def _explain_failure(message: str) -> str:
@@ -204,6 +223,7 @@ async def sample_stack(rank: int, pid: int, start_ticks: int,
     hung). Only the last is taken with native frames, when given `native_turns`. Given the
     rank's `uid`, the stacks of the children it waits on (agent.children) come too, sampled
     alongside the rank's own from the first stack that shows the wait."""
+    _DUMPING_FOR.set(uid)  # this task's, and its children's tasks'
     taken: list[RankStack] = []
     stack = RankStack(rank, pid)
     kids: asyncio.Task[tuple[ChildStack, ...]] | None = None
@@ -258,6 +278,7 @@ async def sample_child(pid: int, samples: int, uid: int | None = None) -> ChildS
     is gone, is no longer the process it was (a reused pid), or no longer runs as `uid`
     alone: its uids are read again before each dump, since the child may exec a setuid
     program, same pid, same start time, between its listing and a dump a second later."""
+    _DUMPING_FOR.set(uid)
     loop = asyncio.get_running_loop()
     start, first = loop.time(), procfs.read_stat(pid)
     if first is None or first.gone:

@@ -15,7 +15,7 @@ from tests.helpers.receiver import HANG, receiving
 from tests.helpers.scrape import scrape, value
 from watchdog import metrics
 from watchdog.cli.demo import free_port
-from watchdog.coordinator.webhook import Webhooks, check_url
+from watchdog.coordinator.webhook import OWNER_SHARE, QUEUE_SIZE, Webhooks, check_url
 from watchdog.errors import UsageError
 
 INCIDENT = {"id": "a1b2c3", "job_id": "train-1", "detected_at": 1764680000.12,
@@ -108,6 +108,27 @@ def test_a_full_queue_drops_instead_of_blocking() -> None:
         assert delivered("dropped") == dropped + 1
         stuck.release.set()
         hooks.close()
+
+
+def test_one_users_burst_of_hangs_takes_only_its_share_and_never_anothers_post() -> None:
+    """A burst past the whole queue: before shares, the queue took 65 of the burst and dropped
+    root's post behind them."""
+    dropped, owner = delivered("dropped"), {INCIDENT["job_id"]: "0"}
+    with receiving(HANG, 200) as receiver:
+        hooks = Webhooks([receiver.url], owner_of=lambda job: owner.get(job, "65534"), attempts=1,
+                         timeout=30.0)
+        burst = [dict(INCIDENT, id=f"b{i}", job_id=f"burst-{i}") for i in range(QUEUE_SIZE + 6)]
+        hooks(burst[0])
+        assert receiver.arrived.wait(30)  # in flight, and counted in its owner's share
+        for incident in burst[1:]:
+            hooks(incident)
+        hooks(INCIDENT)
+        assert delivered("dropped") == dropped + len(burst) - OWNER_SHARE
+        receiver.release.set()
+        posts = receiver.wait_for(OWNER_SHARE + 1)
+        hooks.close()
+    assert [p.json()["job_id"] for p in posts] == [
+        *(i["job_id"] for i in burst[:OWNER_SHARE]), INCIDENT["job_id"]]
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://host/x", "http://", "hooks"])

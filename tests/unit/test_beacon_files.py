@@ -224,7 +224,21 @@ def test_stacks_of_a_job_are_taken_at_most_once_a_second() -> None:
     assert budget.refuse("job", 101.0) == ""
     for n in range(5000):  # requests for ever new jobs do not grow it without bound
         budget.refuse(f"job-{n}", 200.0 + n)
-    assert len(budget._last) <= 1024
+    assert len(budget._jobs) <= 1024
+
+
+def test_a_process_holding_beacons_of_many_jobs_is_dumped_at_most_once_a_second() -> None:
+    """Each job's budget allows a dump a second: before the process's own, a process holding
+    beacons of N jobs was paused N times a second."""
+    budget = StackBudget()
+    assert budget.refuse("job-a", 100.0) == "" and budget.refuse_process(4242, 100.0) == ""
+    assert budget.refuse("job-b", 100.2) == ""
+    assert "dumped 0.20s ago, for another job" in budget.refuse_process(4242, 100.2)
+    assert budget.refuse_process(4343, 100.2) == ""  # another process of job-b
+    assert budget.refuse_process(4242, 101.0) == ""
+    for pid in range(5000):
+        budget.refuse_process(pid, 200.0 + pid)
+    assert len(budget._processes) <= 1024
 
 
 def forged_in(base: Path, pid: int, world: int) -> BeaconWriter:

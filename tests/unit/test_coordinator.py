@@ -21,7 +21,7 @@ from watchdog.coordinator import settle as settling
 from watchdog.coordinator.after_exit import StillHung
 from watchdog.coordinator.garbage_collection import FULL_EVERY, sparing_full_collections
 from watchdog.coordinator.node_silence import NODE_TIMEOUT_S
-from watchdog.coordinator.service import MAX_JOBS
+from watchdog.coordinator.service import MAX_JOBS, ROOM_MADE
 from watchdog.coordinator.sqlite_store import SqliteStore
 from watchdog.model import EVERY_JOB, NodeReport, RankState
 
@@ -62,14 +62,27 @@ def test_jobs_no_one_reports_are_forgotten_and_new_ones_always_followed(
     assert hub.nodes.silence("node-a", T0 + 200) == (False, False)  # forgotten, not silent
 
 
-def test_at_the_job_limit_the_job_reported_least_recently_makes_room(tmp_path: Path) -> None:
+def test_at_the_job_limit_the_jobs_reported_least_recently_make_room(tmp_path: Path) -> None:
     hub = coordinator(tmp_path)
     for n in range(MAX_JOBS):
         hub.ingest(report("node-a", rank(0, job_id=f"job-{n}")), T0 + n)
     hub.ingest(report("node-a", rank(0, job_id="job-0")), T0 + MAX_JOBS)
     hub.ingest(report("node-a", rank(0, job_id="newest")), T0 + MAX_JOBS + 1)
-    assert len(hub.jobs) == MAX_JOBS
-    assert "newest" in hub.jobs and "job-0" in hub.jobs and "job-1" not in hub.jobs
+    assert len(hub.jobs) == MAX_JOBS - ROOM_MADE + 1
+    assert "newest" in hub.jobs and "job-0" in hub.jobs
+    assert [n for n in range(MAX_JOBS) if f"job-{n}" not in hub.jobs] == list(
+        range(1, ROOM_MADE + 1))
+
+
+def test_at_the_job_limit_the_user_with_the_most_jobs_loses_theirs_not_anothers(
+        tmp_path: Path) -> None:
+    """Before shares, one user's fresh job ids pushed out root's job, reported least recently."""
+    hub = coordinator(tmp_path)
+    hub.ingest(report("node-a", rank(0, job_id="roots", uid=0)), T0)
+    for n in range(MAX_JOBS):
+        hub.ingest(report("node-a", rank(0, job_id=f"spam-{n}", uid=65534)), T0 + 1 + n)
+    assert "roots" in hub.jobs
+    assert [n for n in range(MAX_JOBS) if f"spam-{n}" not in hub.jobs] == list(range(ROOM_MADE))
 
 
 def test_a_stalled_job_is_diagnosed_once_its_threshold_passed(tmp_path: Path) -> None:

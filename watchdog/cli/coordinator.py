@@ -97,7 +97,7 @@ class CoordinatorCommand:
             log.error("%s; incidents are logged, kept and stored once it answers", first_line(e))
         coordinator = Coordinator(store, options.stall_policy(args),
                                   job_retention=args.job_retention)
-        webhooks = Webhooks(args.notify_webhook)
+        webhooks = Webhooks(args.notify_webhook, owner_of=coordinator.owner_of)
         if webhooks.hooks:
             coordinator.listeners.append(webhooks)
         # The web view shows what Status does, to whom Status would.

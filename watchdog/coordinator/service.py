@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection
 
 from watchdog import metrics
@@ -63,7 +65,8 @@ log = logging.getLogger(__name__)
 # survives a SIGKILL; a filesystem that hangs delays the telling no longer than this.
 SAVE_WAIT_S = 1.0
 JOB_RETENTION_S = 600.0
-MAX_JOBS = 16384  # beyond it, the job reported least recently is forgotten first
+MAX_JOBS = 16384  # beyond it, the jobs of whoever follows the most are forgotten first (_make_room)
+ROOM_MADE = MAX_JOBS // 16  # jobs forgotten at once, so that making room is rare work
 SWEEP_S = 5.0
 
 IncidentListener = Callable[[Incident], None]
@@ -161,14 +164,34 @@ class Coordinator:
 
     def _new_job(self, job_id: str, world_size: int) -> JobView:
         if len(self.jobs) >= MAX_JOBS:
-            oldest = min(self._job_seen, key=self._job_seen.__getitem__)
-            log.warning("following %d jobs already; forgetting job %s, the one reported least "
-                        "recently", MAX_JOBS, printable(oldest))
-            self._forget_job(oldest)
+            self._make_room()
         job = self.jobs[job_id] = JobView(job_id, self.policy)
         self.judgements[job_id] = Judgement(job_id, self.nodes)
         log.info("new job %s (world size %d)", printable(job_id), world_size)
         return job
+
+    def _make_room(self) -> None:
+        """Forget ROOM_MADE jobs, each the one reported least recently of the user who then
+        has the most jobs: one user's job ids (many processes, or one holding many beacons)
+        push out their own jobs, never another user's while they hold more."""
+        by_owner: dict[str, deque[str]] = {}
+        for job_id in sorted(self.jobs, key=lambda j: self._job_seen.get(j, 0.0)):
+            by_owner.setdefault(self.owner_of(job_id), deque()).append(job_id)
+        largest = [(-len(jobs), owner) for owner, jobs in by_owner.items()]
+        heapq.heapify(largest)
+        forgotten = min(ROOM_MADE, len(self.jobs))
+        for _ in range(forgotten):
+            _, owner = heapq.heappop(largest)
+            self._forget_job(by_owner[owner].popleft())
+            if by_owner[owner]:
+                heapq.heappush(largest, (-len(by_owner[owner]), owner))
+        log.warning("following %d jobs already; forgot %d, each the one reported least recently "
+                    "of the user with the most jobs", MAX_JOBS, forgotten)
+
+    def owner_of(self, job_id: str) -> str:
+        """The user the job's ranks run as (`JobView.owner`; "" for a job not followed)."""
+        job = self.jobs.get(job_id)
+        return job.owner if job is not None else ""
 
     def _forget_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
@@ -331,8 +354,7 @@ class Coordinator:
         """Store the incident before anyone hears of it, unless the database keeps it waiting:
         then it is told now, kept aside if the database refused it, and stored when it can be
         (the save goes on; a failure is retried)."""
-        job = self.jobs.get(incident["job_id"])
-        owner = job.owner if job is not None else ""
+        owner = self.owner_of(incident["job_id"])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.saver.save(incident, owner)),
                                    self.store.busy_timeout + SAVE_WAIT_S)

@@ -7,7 +7,9 @@ storage, nor the other receivers. A post is tried ATTEMPTS times, TIMEOUT_S each
 (connecting, sending and the whole answer: `coordinator.deadline`), with growing pauses between;
 redirects are not followed (a POST redirected by urllib becomes a GET without its body). Nothing
 here runs anything: it only posts. URLs are logged by scheme and host alone, since a webhook
-URL often carries its secret in the path (Slack's do).
+URL often carries its secret in the path (Slack's do). A queue is shared by every user's jobs,
+so one user's burst of hangs takes at most OWNER_SHARE of it: their later posts are dropped,
+never another user's (the store keeps every incident either way).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from watchdog import __version__, metrics
@@ -36,6 +39,7 @@ TIMEOUT_S = 5.0
 ATTEMPTS = 3
 BACKOFF_S = 1.0
 QUEUE_SIZE = 64
+OWNER_SHARE = QUEUE_SIZE // 4  # posts one owner (the uid most of a job's ranks run as) may queue
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
@@ -61,23 +65,37 @@ class Webhook:
     """Posts to one URL from a thread of its own."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S, attempts: int = ATTEMPTS,
-                 backoff: float = BACKOFF_S, queue_size: int = QUEUE_SIZE) -> None:
+                 backoff: float = BACKOFF_S, queue_size: int = QUEUE_SIZE,
+                 owner_share: int = OWNER_SHARE) -> None:
         self.url = check_url(url)
         self.timeout, self.attempts, self.backoff = timeout, attempts, backoff
-        self._queue: queue.Queue[bytes | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[bytes, str] | None] = queue.Queue(queue_size)
+        self._owner_share = owner_share
+        self._queued: Counter[str] = Counter()  # posts queued or being posted, by owner
+        self._lock = threading.Lock()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"webhook {redacted(url)}",
                                         daemon=True)
         self._thread.start()
 
-    def offer(self, body: bytes) -> None:
-        """Queue a post without waiting; a full queue drops it, with a log line."""
-        try:
-            self._queue.put_nowait(body)
-        except queue.Full:
-            metrics.WEBHOOK_DELIVERIES.labels("dropped").inc()
-            log.warning("webhook %s: %d posts already queued; dropping an incident",
-                        redacted(self.url), self._queue.qsize())
+    def offer(self, body: bytes, owner: str = "") -> None:
+        """Queue a post of `owner`'s incident without waiting; a full queue, or an owner's
+        full share of it, drops it, with a log line."""
+        with self._lock:
+            if self._queued[owner] >= self._owner_share:
+                self._drop(f"{self._queued[owner]} posts of uid {owner or 'unknown'} already "
+                           "queued")
+                return
+            try:
+                self._queue.put_nowait((body, owner))
+            except queue.Full:
+                self._drop(f"{self._queue.qsize()} posts already queued")
+                return
+            self._queued[owner] += 1
+
+    def _drop(self, why: str) -> None:
+        metrics.WEBHOOK_DELIVERIES.labels("dropped").inc()
+        log.warning("webhook %s: %s; dropping an incident", redacted(self.url), why)
 
     def close(self, deadline: float) -> None:
         """Post what is queued until the monotonic `deadline`, then stop retrying."""
@@ -87,12 +105,17 @@ class Webhook:
         self._closing.set()
 
     def _run(self) -> None:
-        while (body := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            body, owner = item
             try:
                 outcome = "sent" if self._deliver(body) else "failed"
             except Exception:  # a thread that must not die: log and go on
                 log.exception("webhook %s failed", redacted(self.url))
                 outcome = "failed"
+            with self._lock:
+                self._queued[owner] -= 1
+                if not self._queued[owner]:
+                    del self._queued[owner]
             metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
 
     def _deliver(self, body: bytes) -> bool:
@@ -130,15 +153,18 @@ class Webhook:
 class Webhooks:
     """The coordinator's listener for `--notify-webhook` URLs."""
 
-    def __init__(self, urls: Sequence[str], **options: Any) -> None:
+    def __init__(self, urls: Sequence[str], owner_of: Callable[[str], str] = lambda _: "",
+                 **options: Any) -> None:
+        """`owner_of(job_id)`: whose share of each queue the job's posts take."""
         self.hooks = [Webhook(url, **options) for url in urls]
+        self._owner_of = owner_of
 
     def __call__(self, incident: Incident) -> None:
         if not is_hang(incident):  # notices and warnings are not posted
             return
-        body = json.dumps(incident).encode()
+        body, owner = json.dumps(incident).encode(), self._owner_of(incident["job_id"])
         for hook in self.hooks:
-            hook.offer(body)
+            hook.offer(body, owner)
 
     def close(self, grace: float = TIMEOUT_S) -> None:
         """Give queued posts `grace` seconds in all; the threads are daemons, so a receiver that
