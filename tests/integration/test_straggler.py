@@ -3,13 +3,17 @@
 is slow in its compute for a spell and catches up again: named each time with where it spends
 the time and the seconds lost per step (within 25% of the truth), each notice ended when it
 catches up, and said again when it comes back. One balanced job with jitter on every rank and
-rank 0's periodic extra work, within every report interval and every few seconds: none."""
+rank 0's periodic extra work, within every report interval and every few seconds: none. A rank
+slow on its data where FSDP2, or an all_reduce of each gradient by hand, synchronises the
+gradients: named the same."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.helpers.harness import stored
 
@@ -57,3 +61,16 @@ def test_jitter_on_every_rank_and_rank_0s_periodic_work_are_no_straggler(
     assert run.returncode == 0, run.output
     assert "finished " in run.output
     assert _notices(tmp_path) == []
+
+
+@pytest.mark.parametrize("sync", ["fsdp2", "by-hand"])
+def test_a_rank_slow_on_data_is_named_whatever_synchronises_the_gradients(
+        watch: Any, tmp_path: Path, sync: str) -> None:
+    run = watch("--slow-rank", "2", "--sync", sync, "--seconds", "40", script=JOB,
+                watchdog_args=DEFAULTS)
+    assert run.returncode == 0, run.output
+    assert run.incident is None
+    (notice,) = _notices(tmp_path)
+    assert (notice["culprit_ranks"], notice["waiting_ranks"]) == ([2], [0, 1, 3]), notice
+    assert abs(_lost(notice) - SLOW_S) <= 0.25 * SLOW_S, notice["summary"]
+    assert "read_shard at straggler.py" in notice["summary"], notice["summary"]

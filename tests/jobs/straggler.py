@@ -1,7 +1,8 @@
-"""A 4-rank DDP job (gloo, CPU) with one slow rank, or jitter on every rank, or rank 0's
-periodic extra work: the straggler tests' job. Every step reads a batch (read_shard) and
-computes; the slow rank spends --slow-s more per step in its data or its compute, spell after
-spell (--spells), catching up in a spell of none and after the last."""
+"""A 4-rank job (gloo, CPU) with one slow rank, or jitter on every rank, or rank 0's periodic
+extra work: the straggler tests' job. Every step reads a batch (read_shard) and computes; the
+slow rank spends --slow-s more per step in its data or its compute, spell after spell
+(--spells), catching up in a spell of none and after the last. Its gradients are synchronised
+by DDP, by FSDP2 (`fully_shard`), or by hand (an all_reduce of each gradient): --sync."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 READ_S = 0.05  # every rank's own read per step
@@ -30,6 +33,22 @@ def crunch(seconds: float) -> None:
     a = torch.randn(64, 64)
     while time.monotonic() < end:
         a = torch.tanh(a @ a)
+
+
+def _model(sync: str) -> torch.nn.Module:
+    layer = torch.nn.Linear(8, 1)
+    if sync == "ddp":
+        return DistributedDataParallel(layer)
+    if sync == "fsdp2":
+        fully_shard(layer, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    return layer
+
+
+def _average_by_hand(model: torch.nn.Module) -> None:
+    for parameter in model.parameters():
+        assert parameter.grad is not None
+        dist.all_reduce(parameter.grad)
+        parameter.grad /= dist.get_world_size()
 
 
 def _spells(text: str) -> list[tuple[str, float]]:
@@ -56,13 +75,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jitter", type=float, default=0.0, help="every rank: up to S more")
     parser.add_argument("--rank0-work", default="", metavar="S:STEPS,...",
                         help="rank 0 works S more every STEPS steps")
+    parser.add_argument("--sync", choices=("ddp", "fsdp2", "by-hand"), default="ddp")
     args = parser.parse_args(argv)
     periodic = [(float(s), int(every)) for s, every in
                 (work.split(":") for work in args.rank0_work.split(",") if work)]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     rng = random.Random(rank)
-    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    model = _model(args.sync)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stop = torch.zeros(1)
     began = time.monotonic()
@@ -77,6 +97,8 @@ def main(argv: list[str]) -> int:
         loss = model(x).square().mean()
         optimizer.zero_grad()
         loss.backward()
+        if args.sync == "by-hand":
+            _average_by_hand(model)
         optimizer.step()
         step += 1
         if step % 50 == 0:  # rank 0 says when to stop, so every rank takes the same steps
