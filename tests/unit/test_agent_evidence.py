@@ -37,14 +37,17 @@ def _spinning(policy: str) -> subprocess.Popen[bytes]:
                              "while True: pass"])
 
 
-def _window_of(pid: int, seconds: float) -> Activity:
-    """The activity of `pid` over `seconds`, read as an agent reads it, 5 times a second."""
-    window, activity_now = activity.ActivityWindow(), NO_ACTIVITY
+def _windows_of(pids: list[int], seconds: float) -> list[Activity]:
+    """The activity of each of `pids` over the same `seconds`, read as an agent reads it, 5
+    times a second."""
+    windows = {pid: activity.ActivityWindow() for pid in pids}
+    latest = dict.fromkeys(pids, NO_ACTIVITY)
     for _ in range(int(seconds * 5) + 1):
-        stat = procfs.read_stat(pid) or pytest.fail(f"no {pid}")
-        activity_now = window.add(activity.read(pid, time.time(), stat))
+        for pid, window in windows.items():
+            stat = procfs.read_stat(pid) or pytest.fail(f"no {pid}")
+            latest[pid] = window.add(activity.read(pid, time.time(), stat))
         time.sleep(0.2)
-    return activity_now
+    return [latest[pid] for pid in pids]
 
 
 def test_a_thread_starved_of_cpu_is_seen_waiting_and_a_sleeping_one_is_not() -> None:
@@ -55,7 +58,7 @@ def test_a_thread_starved_of_cpu_is_seen_waiting_and_a_sleeping_one_is_not() -> 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)  # past the interpreters' start
-        waits = [_window_of(p.pid, 1.6).main_wait for p in (starved, sleeper)]
+        waits = [a.main_wait for a in _windows_of([starved.pid, sleeper.pid], 1.6)]
         assert waits[0] >= 0.5 and waits[1] < 0.05, waits
     finally:
         for proc in (hog, starved, sleeper):
