@@ -28,6 +28,7 @@ EXIT_HANG_KILLED = 3  # `watchdog run --on-hang kill` after it killed a hung job
 FSDP2 = str(Path(__file__).parents[1] / "jobs" / "fsdp2.py")
 AVERAGED = str(Path(__file__).parents[1] / "jobs" / "averaged.py")
 COMPILED_STEP = str(Path(__file__).parents[1] / "jobs" / "compiled_step.py")
+LIGHTNING_JOB = str(Path(__file__).parents[1] / "jobs" / "lightning_job.py")
 
 
 @dataclass
@@ -77,6 +78,12 @@ def machine_lock(tmp_path_factory: pytest.TempPathFactory, alone: bool) -> Itera
             yield
         finally:
             _shares_held.pop()
+
+
+def lightning_command(*job_args: str) -> list[str]:
+    """The Lightning job under Lightning's own launcher: this process is rank 0 and starts the
+    others."""
+    return [sys.executable, LIGHTNING_JOB, *job_args]
 
 
 def run_command(report: Path, job: list[str], watchdog_args: tuple[str, ...]) -> list[str]:

@@ -8,20 +8,20 @@ the suite runs the launcher that differs from the demo's.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.harness import EXIT_HANG_KILLED, FLOOR_S, assert_called_at, fault_time, stored
+from tests.helpers.harness import (
+    EXIT_HANG_KILLED,
+    FLOOR_S,
+    assert_called_at,
+    fault_time,
+    lightning_command,
+    stored,
+)
 
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
-LIGHTNING_JOB = str(Path(__file__).parents[1] / "jobs" / "lightning_job.py")
 FAULT_STEP = 46  # a few steps after the validation at step 40
-
-
-def lightning_command(*job_args: str) -> list[str]:
-    """The job under Lightning's own launcher: this process is rank 0 and starts the others."""
-    return [sys.executable, LIGHTNING_JOB, *job_args]
 
 
 def test_a_rank_blocked_in_its_dataset_after_a_validation_is_named(

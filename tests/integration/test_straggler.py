@@ -5,17 +5,18 @@ the time and the seconds lost per step (within 25% of the truth), each notice en
 catches up, and said again when it comes back. One balanced job with jitter on every rank and
 rank 0's periodic extra work, within every report interval and every few seconds: none. A rank
 slow on its data where FSDP2, or an all_reduce of each gradient by hand, synchronises the
-gradients: named the same."""
+gradients, or under mp.spawn or Lightning's launcher: named the same."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.harness import stored
+from tests.helpers.harness import lightning_command, stored
 
 JOB = str(Path(__file__).parents[1] / "jobs" / "straggler.py")
 DEFAULTS: tuple[str, ...] = ()
@@ -63,14 +64,34 @@ def test_jitter_on_every_rank_and_rank_0s_periodic_work_are_no_straggler(
     assert _notices(tmp_path) == []
 
 
-@pytest.mark.parametrize("sync", ["fsdp2", "by-hand"])
-def test_a_rank_slow_on_data_is_named_whatever_synchronises_the_gradients(
-        watch: Any, tmp_path: Path, sync: str) -> None:
-    run = watch("--slow-rank", "2", "--sync", sync, "--seconds", "40", script=JOB,
-                watchdog_args=DEFAULTS)
+def _named_once(run: Any, tmp_path: Path, where: str) -> None:
+    """Rank 2, slow on its data all along, is named once, with where and its cost."""
     assert run.returncode == 0, run.output
     assert run.incident is None
     (notice,) = _notices(tmp_path)
     assert (notice["culprit_ranks"], notice["waiting_ranks"]) == ([2], [0, 1, 3]), notice
     assert abs(_lost(notice) - SLOW_S) <= 0.25 * SLOW_S, notice["summary"]
-    assert "read_shard at straggler.py" in notice["summary"], notice["summary"]
+    assert where in notice["summary"], notice["summary"]
+
+
+@pytest.mark.parametrize("sync", ["fsdp2", "by-hand"])
+def test_a_rank_slow_on_data_is_named_whatever_synchronises_the_gradients(
+        watch: Any, tmp_path: Path, sync: str) -> None:
+    run = watch("--slow-rank", "2", "--sync", sync, "--seconds", "40", script=JOB,
+                watchdog_args=DEFAULTS)
+    _named_once(run, tmp_path, "read_shard at straggler.py")
+
+
+def test_a_rank_slow_on_data_is_named_under_mp_spawn(watch: Any, tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn's ranks learn their rank from init_process_group's
+    arguments (tests/jobs/straggler.py --spawn)."""
+    run = watch(job=[sys.executable, JOB, "--spawn", "4", "--slow-rank", "2", "--seconds", "40"],
+                watchdog_args=DEFAULTS)
+    _named_once(run, tmp_path, "read_shard at straggler.py")
+
+
+def test_a_rank_slow_to_decode_is_named_under_lightnings_launcher(
+        watch: Any, tmp_path: Path) -> None:
+    run = watch(job=lightning_command("--fault-rank", "-1", "--slow-rank", "2", "--steps", "90",
+                                      "--val-step", "1000"), watchdog_args=DEFAULTS)
+    _named_once(run, tmp_path, "decode_batch at lightning_job.py")

@@ -1,7 +1,8 @@
 """A PyTorch Lightning job on CPU: a tiny model trained with the "ddp" strategy (gloo) on 4
 processes, a validation at --val-step that computes for --val-seconds on every rank, then rank
 --fault-rank blocks reading a sample from --fault-step on (its dataset's __getitem__ never
-returns). `--fault-rank -1` trains --steps steps and ends.
+returns). `--fault-rank -1` trains --steps steps and ends. With --slow-rank R, rank R decodes
+each batch --slow-s longer than the others (a straggler).
 
 `python lightning_job.py` starts the other ranks itself (Lightning's launcher runs this script
 again with LOCAL_RANK set); under `torchrun --nproc_per_node=4` each rank is torchrun's. The
@@ -30,6 +31,11 @@ BATCH = 4
 VAL_BATCHES = 10  # the validation's length is spread over these
 
 
+def decode_batch(seconds: float) -> None:
+    """Stands for a shard that decodes slowly on one rank."""
+    time.sleep(seconds)
+
+
 class TinyModule(L.LightningModule):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
@@ -40,6 +46,8 @@ class TinyModule(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
         x, y = batch
         time.sleep(0.05)  # the demo job's pace
+        if self.global_rank == self.args.slow_rank:
+            decode_batch(self.args.slow_s)
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
@@ -70,6 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fault-rank", type=int, default=1, help="-1: no fault")
     parser.add_argument("--fault-step", type=int, default=46)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-s", type=float, default=0.4)
     return parser.parse_args(argv)
 
 

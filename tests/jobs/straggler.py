@@ -2,18 +2,22 @@
 extra work: the straggler tests' job. Every step reads a batch (read_shard) and computes; the
 slow rank spends --slow-s more per step in its data or its compute, spell after spell
 (--spells), catching up in a spell of none and after the last. Its gradients are synchronised
-by DDP, by FSDP2 (`fully_shard`), or by hand (an all_reduce of each gradient): --sync."""
+by DDP, by FSDP2 (`fully_shard`), or by hand (an all_reduce of each gradient): --sync. Under
+torchrun, or started by `torch.multiprocessing.spawn` (--spawn N: N processes, each told its
+rank by init_process_group's arguments, none in its environment)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -51,6 +55,17 @@ def _average_by_hand(model: torch.nn.Module) -> None:
         parameter.grad /= dist.get_world_size()
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _spawned(rank: int, world: int, argv: list[str]) -> None:
+    main(argv, rank, world)
+
+
 def _spells(text: str) -> list[tuple[str, float]]:
     """'data:30,none:20,compute:30' -> [("data", 30.0), ...]: the slow rank's spells, in turn."""
     pairs = (spell.split(":") for spell in text.split(",") if spell)
@@ -65,7 +80,7 @@ def _spell(spells: list[tuple[str, float]], elapsed: float) -> str:
     return "none"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], rank: int = -1, world: int = -1) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=40.0, help="rank 0 stops the job then")
     parser.add_argument("--slow-rank", type=int, default=-1)
@@ -76,10 +91,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rank0-work", default="", metavar="S:STEPS,...",
                         help="rank 0 works S more every STEPS steps")
     parser.add_argument("--sync", choices=("ddp", "fsdp2", "by-hand"), default="ddp")
+    parser.add_argument("--spawn", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
+    if args.spawn and rank < 0:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        mp.spawn(_spawned, (args.spawn, argv), nprocs=args.spawn)
+        return 0
     periodic = [(float(s), int(every)) for s, every in
                 (work.split(":") for work in args.rank0_work.split(",") if work)]
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     rank = dist.get_rank()
     rng = random.Random(rank)
     model = _model(args.sync)
