@@ -80,7 +80,7 @@ def test_events_reach_the_beacon_when_published(tmp_path: Path) -> None:
 def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter_pending(slot, b"all_reduce")
     assert published(recorder).groups[0].completed_seq == 0
     recorder.optimizer_stepped(None, None, None)
     snap = published(recorder)
@@ -90,12 +90,12 @@ def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
 def test_a_pending_collective_is_timed_when_first_published(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter_pending(slot, b"all_reduce")
     first = published(recorder)
     assert 0 < first.groups[0].entered_at <= first.heartbeat
     assert published(recorder).groups[0].entered_at == first.groups[0].entered_at
     time.sleep(0.01)  # so the clock has moved when the next one is stamped
-    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter_pending(slot, b"all_reduce")
     assert published(recorder).groups[0].entered_at > first.groups[0].entered_at
 
 
@@ -118,15 +118,15 @@ def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None
     """Two DDP forwards without an optimizer step between them (an evaluation pass with grad)."""
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter(slot, b"all_reduce", pending=True)
-    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter_pending(slot, b"all_reduce")
+    recorder.enter_pending(slot, b"all_reduce")
     group = published(recorder).groups[0]
     assert (group.entered_seq, group.completed_seq) == (2, 1)
     recorder.step()
     assert published(recorder).groups[0].completed_seq == 2
     # not counted once steps are manual, but still an event
     recorder.optimizer_stepped(None, None, None)
-    recorder.enter(slot, b"all_reduce", pending=True)
+    recorder.enter_pending(slot, b"all_reduce")
     recorder.optimizer_stepped(None, None, None)
     snap = published(recorder)
     assert (snap.groups[0].entered_seq, snap.groups[0].completed_seq, snap.steps) == (3, 3, 1)

@@ -59,6 +59,8 @@ class Recorder:
         "check_at",
         "checks",
         "compiling_since",
+        "ddp_group",
+        "ddp_slot",
         "enabled",
         "exit_at",
         "exit_code",
@@ -98,6 +100,10 @@ class Recorder:
         self.check_at = self.checks.first_check  # the step count at which checks next run
         self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
         self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
+        # The process group of the last DDP forward, and its slot: a step finds it by identity,
+        # with no hash and no dict, since in a step each object touched costs (see `enter`).
+        self.ddp_group: object = None
+        self.ddp_slot = -1
         # Seconds spent inside blocking collectives and DDP's backward: who waits least is
         # whom the others wait for (straggler detection compares it across ranks).
         self.wait_s = 0.0
@@ -135,30 +141,37 @@ class Recorder:
             with contextlib.suppress(OSError):
                 self.writer.remove()
 
-    # enter() and optimizer_stepped() run in every training step, right after the rank waited
-    # in a collective: with cold caches each Python call costs about a microsecond there, so
-    # they call no helper of their own, and the wrappers read `steps` and count `grad_syncs`
-    # without a call.
-    def enter(self, slot: int, op: bytes, pending: bool = False) -> int:
-        """Record entering the next collective of group `slot`; returns its seq (0 on a fault).
-        A `pending` collective is one whose end Python never sees (DDP's all-reduce): it
-        completes at the next event of this rank, and it is timed by the publisher, when first
-        published, which spares every step a clock read."""
+    # enter_pending() and optimizer_stepped() run in every training step, right after the rank
+    # waited in a collective: with cold caches each Python call, and each object touched, costs
+    # a good part of a microsecond there, so they call no helper of their own, and the wrappers
+    # read `steps` and count `grad_syncs` without a call.
+    def enter(self, slot: int, op: bytes) -> int:
+        """Record entering the next collective of group `slot`; returns its seq (0 on a fault)."""
         try:
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
             seq = self._entered[slot][0] + 1
-            if pending:
-                self._entered[slot] = (seq, op, UNTIMED)
-                self._pending = (slot, seq)
-            else:
-                self._entered[slot] = (seq, op, time.time())
+            self._entered[slot] = (seq, op, time.time())
             return seq
         except Exception as e:
             self.fail(e)
             return 0
+
+    def enter_pending(self, slot: int, op: bytes) -> None:
+        """Record entering the next collective of group `slot`, one whose end Python never sees
+        (DDP's all-reduce): it completes at this rank's next event, and the publisher times it
+        when first published, which spares every step a clock read."""
+        try:
+            waiting = self._pending
+            if waiting is not None:
+                self._completed[waiting[0]] = waiting[1]
+            seq = self._entered[slot][0] + 1
+            self._entered[slot] = (seq, op, UNTIMED)
+            self._pending = (slot, seq)
+        except Exception as e:
+            self.fail(e)
 
     def grad_synced(self) -> None:
         """A collective that synchronizes gradients, or splits the model across ranks, was

@@ -33,18 +33,21 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
     """DDP's forward that will all-reduce gradients in backward, as a collective entered and
     pending (Python never sees it end). A training forward's batch feeds the checks when due:
     an evaluation's may well be shared."""
-    cached, register, checks = slots.cache, slots.register, rec.checks
-    grad_enabled = sys.modules["torch"].is_grad_enabled
+    checks, grad_enabled = rec.checks, sys.modules["torch"].is_grad_enabled
 
     @functools.wraps(original)
     def forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
         if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
             rec.grad_syncs += 1  # rec.grad_synced() without a call: it runs in every step
-            slot = cached.get(ddp.process_group)
-            if slot is None:
-                slot = register(ddp.process_group, ddp.process_group, None)
+            group = ddp.process_group
+            if group is rec.ddp_group:
+                slot = rec.ddp_slot
+            else:
+                slot = slots.slot(group)
+                if slot >= 0:
+                    rec.ddp_group, rec.ddp_slot = group, slot
             if slot >= 0:
-                rec.enter(slot, DDP_OP, True)
+                rec.enter_pending(slot, DDP_OP)
             if checks.batch_due:
                 rec.run_check(checks.batch, ddp, inputs, kwargs)
         try:

@@ -35,6 +35,7 @@ class GroupSlots:
         """The process group is (re)initialised: forget every slot, and show the world group in
         the beacon at seq 0, before any collective."""
         self.cache.clear()
+        self._rec.ddp_group = None  # a group of the old one would name a slot of the old one
         self.slot(None)
 
     def slot(self, group: object) -> int:
