@@ -1,6 +1,7 @@
 """A user's exception through a patched torch call (loss.backward(), DDP's forward, a
 collective, a send, Work.wait) carries no frame of the hook's wrappers: users read tracebacks
-to find whom to blame (issue 41). Real torch calls in a one-rank gloo group."""
+to find whom to blame (issue 41); and what DDP's forward records. Real torch calls in a
+one-rank gloo group."""
 
 from __future__ import annotations
 
@@ -60,3 +61,27 @@ def test_no_hook_frame_in_a_traceback_through_a_wrapped_call(one_rank: None,
     for name, text in shown.items():
         assert HOOK_DIR not in text, f"{name}:\n{text}"
         assert __file__ in text, f"{name}:\n{text}"  # the caller's own frame stays
+
+
+def test_ddp_forwards_enter_their_groups_all_reduce_found_by_identity(one_rank: None,
+                                                                      tmp_path: Path) -> None:
+    """Each training forward enters its group's all-reduce, pending, completed by the next
+    event; a DDP module on another group has that group's slot looked up anew."""
+    rec = recorder(tmp_path)
+    patches = TorchPatches(rec)
+    patches.slots.attach(dist)
+    forward = wrap_forward(DistributedDataParallel.forward, rec, patches.slots)
+    world, batch = ddp_linear(), torch.ones(2, 8)
+
+    def seqs(slot: int) -> tuple[int, int]:  # (entered, completed)
+        return rec._entered[slot][0], rec._completed.get(slot, 0)
+
+    forward(world, batch)
+    forward(world, batch)
+    slot = rec.ddp_slot
+    assert slot >= 0 and rec.ddp_group is world.process_group
+    assert rec._pending == (slot, 2) and seqs(slot) == (2, 1)
+    other = DistributedDataParallel(torch.nn.Linear(8, 4), process_group=dist.new_group([0]))
+    forward(other, batch)
+    assert rec.ddp_group is other.process_group and rec.ddp_slot not in (-1, slot)
+    assert seqs(slot) == (2, 2)  # the next event completed the first group's

@@ -41,6 +41,7 @@ from watchdog.hook.checks import CHECK_EVERY, Checks
 from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
+NO_GROUP = object()  # Recorder.ddp_group before a DDP forward: no group, not even None, is it
 
 
 class Recorder:
@@ -102,7 +103,7 @@ class Recorder:
         self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
         # The process group of the last DDP forward, and its slot: a step finds it by identity,
         # with no hash and no dict, since in a step each object touched costs (see `enter`).
-        self.ddp_group: object = None
+        self.ddp_group: object = NO_GROUP
         self.ddp_slot = -1
         # Seconds spent inside blocking collectives and DDP's backward: who waits least is
         # whom the others wait for (straggler detection compares it across ranks).

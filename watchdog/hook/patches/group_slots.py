@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from watchdog.hook.recorder import Recorder
+from watchdog.hook.recorder import NO_GROUP, Recorder
 
 MAX_CACHED_SLOTS = 256  # bounds memory when a job creates groups without end
 
@@ -35,7 +35,7 @@ class GroupSlots:
         """The process group is (re)initialised: forget every slot, and show the world group in
         the beacon at seq 0, before any collective."""
         self.cache.clear()
-        self._rec.ddp_group = None  # a group of the old one would name a slot of the old one
+        self._rec.ddp_group = NO_GROUP  # a group of the old one would name a slot of the old one
         self.slot(None)
 
     def slot(self, group: object) -> int:
