@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.helpers.harness import lightning_command, stored
 
 JOB = str(Path(__file__).parents[1] / "jobs" / "straggler.py")
@@ -74,19 +72,20 @@ def _named_once(run: Any, tmp_path: Path, where: str) -> None:
     assert where in notice["summary"], notice["summary"]
 
 
-@pytest.mark.parametrize("sync", ["fsdp2", "by-hand"])
-def test_a_rank_slow_on_data_is_named_whatever_synchronises_the_gradients(
-        watch: Any, tmp_path: Path, sync: str) -> None:
-    run = watch("--slow-rank", "2", "--sync", sync, "--seconds", "40", script=JOB,
+def test_a_rank_slow_on_data_is_named_where_fsdp2_synchronises_the_gradients(
+        watch: Any, tmp_path: Path) -> None:
+    run = watch("--slow-rank", "2", "--sync", "fsdp2", "--seconds", "40", script=JOB,
                 watchdog_args=DEFAULTS)
     _named_once(run, tmp_path, "read_shard at straggler.py")
 
 
-def test_a_rank_slow_on_data_is_named_under_mp_spawn(watch: Any, tmp_path: Path) -> None:
+def test_a_rank_slow_on_data_is_named_under_mp_spawn_averaging_gradients_by_hand(
+        watch: Any, tmp_path: Path) -> None:
     """torch.multiprocessing.spawn's ranks learn their rank from init_process_group's
-    arguments (tests/jobs/straggler.py --spawn)."""
-    run = watch(job=[sys.executable, JOB, "--spawn", "4", "--slow-rank", "2", "--seconds", "40"],
-                watchdog_args=DEFAULTS)
+    arguments (tests/jobs/straggler.py --spawn); an all_reduce of each gradient by hand is
+    their only collective."""
+    run = watch(job=[sys.executable, JOB, "--spawn", "4", "--sync", "by-hand", "--slow-rank",
+                     "2", "--seconds", "40"], watchdog_args=DEFAULTS)
     _named_once(run, tmp_path, "read_shard at straggler.py")
 
 
