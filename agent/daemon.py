@@ -191,13 +191,12 @@ class Agent:
         except Exception:
             log.exception("stack request %d failed", request.request_id)
 
-    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...], samples: int = 1,
-                             now: float | None = None) -> list[RankStack]:
+    async def collect_stacks(self, job_id: str, ranks: tuple[int, ...], samples: int,
+                             now: float) -> list[RankStack]:
         """Stacks of the local ranks asked for, at monotonic `now`; only live workers of the
         table (verified) are attached to, each process at most once a MIN_INTERVAL_S."""
         targets: list[Worker] = []
         refused: list[RankStack] = []
-        now = time.monotonic() if now is None else now
         for rank in ranks:
             worker = self.table.find(job_id, rank)
             if worker is None:

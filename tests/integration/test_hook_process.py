@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from watchdog.beacon import (
     open_beacon,
     read_beacon,
 )
+from watchdog.cli.demo import free_port
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.supervise.inject import BOOT_DIR
 
@@ -44,13 +44,6 @@ def hooked_env(beacon_dir: Path, **extra: str) -> dict[str, str]:
 def beacons(beacon_dir: Path) -> dict[int, BeaconSnapshot]:
     snaps = [read_beacon(open_beacon(p)) for p in glob.glob(f"{beacon_dir}/*/*.beacon")]
     return {s.identity.rank: s for s in snaps}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawn_job import free_port  # a job beside this one (this script's directory)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -55,13 +55,6 @@ def _average_by_hand(model: torch.nn.Module) -> None:
         parameter.grad /= dist.get_world_size()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _spawned(rank: int, world: int, argv: list[str]) -> None:
     main(argv, rank, world)
 
@@ -94,7 +87,7 @@ def main(argv: list[str], rank: int = -1, world: int = -1) -> int:
     parser.add_argument("--spawn", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     if args.spawn and rank < 0:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         mp.spawn(_spawned, (args.spawn, argv), nprocs=args.spawn)
         return 0
     periodic = [(float(s), int(every)) for s, every in

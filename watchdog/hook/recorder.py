@@ -41,7 +41,7 @@ from watchdog.hook.checks import CHECK_EVERY, Checks
 from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
-NO_GROUP = object()  # Recorder.ddp_group before a DDP forward: no group, not even None, is it
+NO_GROUP = object()  # Recorder.ddp_group until a DDP forward: it is no group, not even None
 
 
 class Recorder:
