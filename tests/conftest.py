@@ -102,11 +102,13 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
         for definitions in info.name2fixturedefs.values() if definitions)
 
 
-def _handed_out(item: pytest.Item) -> tuple[bool, int]:
+def _handed_out(item: pytest.Item) -> tuple[bool, bool, int]:
     """First the tests that run alone (`unhooked_job`): at the start they wait for no running
-    test; then the tiers in ORDER."""
+    test; then the long ones (`long_job`), which the others fill in around; then the tiers in
+    ORDER."""
     tier = tier_of(item.path)
     return (item.get_closest_marker("unhooked_job") is None,
+            item.get_closest_marker("long_job") is None,
             ORDER.index(tier) if tier in ORDER else len(ORDER))
 
 

@@ -24,6 +24,7 @@ CHECKPOINT_S = 30.0  # the demo job's --fault-seconds
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 
 
+@pytest.mark.long_job
 def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
                                                                tmp_path: Path) -> None:
     """A phase that passes the threshold: the job is looked at, rank 0 is busy, not hung."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import watchdog
 from tests.helpers.harness import (
     COMPILED_STEP,
@@ -35,6 +37,7 @@ def cold_caches(tmp_path: Path) -> dict[str, str]:
     return {"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
 
 
+@pytest.mark.long_job
 def test_a_compiled_job_lives_through_its_compiles_and_a_later_block_is_named_at_the_floor(
         watch: Any, tmp_path: Path) -> None:
     """The first step compiles, an evaluation at step 8 and short batches from step 16 each

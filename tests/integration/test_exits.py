@@ -57,6 +57,7 @@ def test_torchrun_restarts_after_an_exit_and_the_next_attempts_hang_is_named_at_
         assert f"ending the 4 workers of {hang['job_id']}" in run.output
 
 
+@pytest.mark.long_job
 def test_a_rank_that_left_cleanly_while_its_peers_wait_ends_the_job_a_threshold_later(
         watch: Any, tmp_path: Path) -> None:
     """Rank 3 exits 0 before it joins; its peers wait for it in init_process_group, and torchrun

@@ -116,6 +116,7 @@ def test_explain_of_the_run_names_the_rank_that_raised_with_its_own_frame(
 NEVER_INITIALISES = str(Path(__file__).parents[1] / "jobs" / "never_initialises.py")
 
 
+@pytest.mark.long_job
 def test_ranks_that_never_initialise_are_said_so_and_their_finish_contradicts_the_hang(
         tmp_path: Path) -> None:
     """Both ranks sleep before they would call init_process_group (default thresholds): past

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.harness import (
     EXIT_HANG_KILLED,
     FLOOR_S,
@@ -19,6 +21,8 @@ from tests.helpers.harness import (
     lightning_command,
     stored,
 )
+
+pytestmark = pytest.mark.long_job  # Lightning takes long to start on each rank
 
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 FAULT_STEP = 46  # a few steps after the validation at step 40

@@ -130,6 +130,7 @@ def listed(shard: Shard, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.long_job
 def test_shards_on_one_postgresql_share_one_history_through_an_outage(
         postgres: pg.Cluster, tmp_path: Path) -> None:
     url = postgres.database(user=pg.PASSWORD_USER)

@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.harness import lightning_command, stored
+
+pytestmark = pytest.mark.long_job  # each job trains for 40 s or more
 
 JOB = str(Path(__file__).parents[1] / "jobs" / "straggler.py")
 DEFAULTS: tuple[str, ...] = ()

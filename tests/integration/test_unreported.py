@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.harness import JOB_TIMEOUT_S, WARMUP_S, WATCHDOG, job_env, stored
 from watchdog.cli.demo import torchrun_command
+
+pytestmark = pytest.mark.long_job  # it waits out the warm-up
 
 WAIT_FOR_FILE = str(Path(__file__).parents[1] / "jobs" / "wait_for_file.py")
 SAID = "watchdog: nothing the command started reported in"

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.harness import (
     EXIT_HANG_KILLED,
     FLOOR_S,
@@ -27,6 +29,8 @@ from tests.helpers.harness import (
 )
 from watchdog.cli.demo import torchrun_command
 from watchdog.coordinator.node_silence import NODE_TIMEOUT_S
+
+pytestmark = pytest.mark.long_job  # each job lives through long phases
 
 DEFAULTS = ("--on-hang", "kill")
 

@@ -32,7 +32,8 @@ MISTAKES = ("load_after_ddp", "no_sampler", "no_ddp", "no_set_epoch", "cast_afte
 # Mistakes that raise on every rank alike, at one line: a DistributedSampler and shuffle=True.
 RAISING_MISTAKES = ("sampler_shuffle",)
 BATCH_SIZE = 4
-EVALUATION_BURST_S = 0.01  # of forward passes, then three times as long waiting (evaluate_for)
+# evaluate_for: this much CPU time of forward passes, then seven times as long waiting
+EVALUATION_BURST_S = 0.005
 
 
 class Progress:
@@ -127,16 +128,18 @@ def evaluate() -> None:
 
 def evaluate_for(model: torch.nn.Module, seconds: float) -> None:
     """A long evaluation: forward passes on the CPU, no collective, for `seconds`. Like an
-    evaluation on a GPU, whose CPU waits for the device most of the time, it keeps its core
-    busy a quarter of the time: every rank evaluating at once leaves the node's other work
-    a share of the CPU (the tests run several jobs on two cores)."""
+    evaluation on a GPU, whose CPU waits for the device most of the time, it computes an eighth
+    of the time. Each burst is counted in CPU time, not wall time: on a loaded node (the tests
+    run several jobs on two cores) a burst waits for the CPU instead of being cut short, so the
+    rank still uses well over the 5% of a core that shows it busy, and never much more."""
     batch = torch.randn(256, 8)
     end = time.monotonic() + seconds
     with torch.no_grad():
-        while (now := time.monotonic()) < end:
-            while time.monotonic() < now + EVALUATION_BURST_S:
+        while time.monotonic() < end:
+            burst_end = time.thread_time() + EVALUATION_BURST_S
+            while time.thread_time() < burst_end:
                 model(batch).sum().item()
-            time.sleep(3 * EVALUATION_BURST_S)
+            time.sleep(7 * EVALUATION_BURST_S)
 
 
 def write_checkpoint(seconds: float) -> None:
