@@ -7,7 +7,8 @@ became the rank when it called init_process_group, in the process that holds the
 verified workers enter the table, so only they are reported, handed to py-spy or have their
 files read; a beacon that fails is remembered (so it is not examined again until it changes)
 and logged once (`agent.discover`). Torchrun workers without a hook are taken when they and
-their torchrun run as one user (`agent.unhooked`). Exits are noticed here and explained by the
+their torchrun run as one user and their environment names this table's beacon directory
+(`agent.unhooked`). Exits are noticed here and explained by the
 worker itself (`Worker.note_exit`); exited workers are forgotten after a while
 (`agent.retention`). Each refresh also observes every worker's process (`Worker.observe`), so
 that `agent.rankstate` converts without reading. The table is refreshed in a thread, off the
@@ -92,7 +93,7 @@ class WorkerTable:
 
     def _scan_proc(self, now: float) -> None:
         known = {w.identity.pid for w in self._by_path.values()} | self._unhooked.keys()
-        for worker in unhooked.find(self._proc, self._boot, known):
+        for worker in unhooked.find(self._proc, self._boot, known, self.beacon_dir):
             self._unhooked[worker.identity.pid] = worker
         for worker in list(self._unhooked.values()):
             self._check_exit(worker, now)

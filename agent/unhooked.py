@@ -1,9 +1,12 @@
 """Torchrun workers without the hook, found in /proc (stacks-only mode): taken when a worker
 and its torchrun run as one user, so attaching to it or reading its files as that user does
-nothing its owner could not."""
+nothing its owner could not; and when its environment names this agent's beacon directory (or
+none: the default), as a hooked worker's beacon would be routed, so that a job pointed at
+another agent (another container's, a `watchdog run`'s) is that agent's alone."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Container
 
 from agent import procfs, verify
@@ -15,20 +18,21 @@ from watchdog import env as _env
 SCAN_S = 2.0  # how often the table looks through /proc for them
 
 
-def find(proc: str, boot: float, known: Container[int]) -> list[Worker]:
-    """The unhooked torchrun workers running now whose pids are not `known`."""
+def find(proc: str, boot: float, known: Container[int], beacon_dir: str) -> list[Worker]:
+    """The unhooked torchrun workers of `beacon_dir`'s agent running now whose pids are not
+    `known`."""
     found = []
     for pid in procfs.list_pids(proc):
         if pid not in known:
-            worker = unhooked_worker(pid, proc, boot)
+            worker = unhooked_worker(pid, proc, boot, beacon_dir)
             if worker is not None:
                 found.append(worker)
     return found
 
 
-def unhooked_worker(pid: int, proc: str, boot: float) -> Worker | None:
+def unhooked_worker(pid: int, proc: str, boot: float, beacon_dir: str) -> Worker | None:
     """The process as a torchrun worker without a hook, or None where it is not one (or not
-    one this agent may take)."""
+    one the agent of `beacon_dir` may take)."""
     stat = procfs.read_stat(pid, proc)
     if stat is None or stat.gone or not procfs.is_torchrun(procfs.read_cmdline(stat.ppid, proc)):
         return None
@@ -39,6 +43,8 @@ def unhooked_worker(pid: int, proc: str, boot: float) -> Worker | None:
     env = procfs.read_environ(pid, proc)
     if env is None or not _env.is_torchrun_worker(env) or env.get(_env.AUTOINSTALL) == "1":
         return None  # not a worker, or a hooked one: its beacon (here or elsewhere) tells
+    if os.path.normpath(_env.beacon_dir(env)) != os.path.normpath(beacon_dir):
+        return None
     identity = beacon.Identity(
         _env.job_id(env), _env.int_env(env, "RANK", 0), _env.int_env(env, "LOCAL_RANK", 0),
         _env.int_env(env, "WORLD_SIZE", 1), _env.short_hostname(), pid,

@@ -2,8 +2,8 @@
 system, bench) and with `browser` when it takes the browser fixture, so that `pytest -m unit` is
 the fast loop; a tier this run selects whose machine preflight fails stops the run at once, with
 the fix. xdist hands out tests one by one (`--dist loadgroup`), a module's together where they
-share a module-scoped fixture, the tests that must run alone first and the long tiers before
-the short ones; the run ends with the time each tier took (tests/helpers/tier_times.py)."""
+share a module-scoped fixture, the tests of long jobs first and the long tiers before the short
+ones; the run ends with the time each tier took (tests/helpers/tier_times.py)."""
 
 from __future__ import annotations
 
@@ -102,13 +102,11 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
         for definitions in info.name2fixturedefs.values() if definitions)
 
 
-def _handed_out(item: pytest.Item) -> tuple[bool, bool, int]:
-    """First the tests that run alone (`unhooked_job`): at the start they wait for no running
-    test; then the long ones (`long_job`), which the others fill in around; then the tiers in
-    ORDER."""
+def _handed_out(item: pytest.Item) -> tuple[bool, int]:
+    """First the tests of long jobs (`long_job`), which the others fill in around; then the
+    tiers in ORDER."""
     tier = tier_of(item.path)
-    return (item.get_closest_marker("unhooked_job") is None,
-            item.get_closest_marker("long_job") is None,
+    return (item.get_closest_marker("long_job") is None,
             ORDER.index(tier) if tier in ORDER else len(ORDER))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -10,13 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agent.stacks import find_py_spy
 from watchdog.errors import PtraceDeniedError
@@ -43,41 +39,6 @@ class WatchedRun:
 
     def stack_functions(self, rank: int) -> list[str]:
         return [frame["function"] for frame in self.rank(rank)["stack"]]
-
-
-@pytest.fixture(autouse=True)
-def machine_share(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every agent sees every torchrun job on the machine that has no hook, whichever test
-    started it: a test marked `unhooked_job` runs while no other test does (xdist's other worker
-    waits), so no other test's agent counts its ranks or judges its job."""
-    alone = request.node.get_closest_marker("unhooked_job") is not None
-    with machine_lock(tmp_path_factory, alone):
-        yield
-
-
-_shares_held: list[bool] = []  # by this process: the machine locks it holds (True: a share)
-
-
-@contextmanager
-def machine_lock(tmp_path_factory: pytest.TempPathFactory, alone: bool) -> Iterator[None]:
-    """The lock `machine_share` takes, for a fixture whose jobs outlive one test. A test that
-    runs alone first closes a turnstile that every test passes on its way in, so that no test
-    starts while it waits for the running ones to end: flock lets shared locks overtake an
-    exclusive one, which waited minutes while the other workers took turns. A share taken
-    inside one this process holds (a test in such a fixture) passes no turnstile: it would wait
-    for the test that waits for it."""
-    shared = tmp_path_factory.getbasetemp().parent  # by the workers
-    with open(shared / "machine.lock", "a") as held, open(shared / "turnstile.lock", "a") as gate:
-        if alone or not any(_shares_held):
-            fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        _shares_held.append(not alone)
-        try:
-            yield
-        finally:
-            _shares_held.pop()
 
 
 def lightning_command(*job_args: str) -> list[str]:

@@ -14,11 +14,10 @@ from tests.helpers.browser import chromium
 from tests.helpers.capabilities import (  # noqa: F401 (a process of `nobody` to act on)
     other_users_worker,
 )
-from tests.helpers.harness import (  # noqa: F401 (machine_share: a fixture every test here takes)
+from tests.helpers.harness import (
     JOB_TIMEOUT_S,
     WatchedRun,
     job_env,
-    machine_share,
     run_command,
     watched_run,
 )

@@ -56,7 +56,6 @@ def test_separate_daemons_diagnose_a_launched_job(daemons: Daemons, tmp_path: Pa
     assert "never reached all_reduce #" in human
 
 
-@pytest.mark.unhooked_job
 def test_job_without_hook_is_diagnosed_from_stacks(daemons: Daemons, tmp_path: Path) -> None:
     job = start_job(tmp_path)  # plain torchrun: the agent finds the workers in /proc
     try:

@@ -22,8 +22,8 @@ SAID = "watchdog: nothing the command started reported in"
 
 def test_workers_started_with_python_S_never_report_and_run_says_why(tmp_path: Path) -> None:
     """torchrun starts `python -S` workers: no site module, so no hook. Their environment is
-    still the one `watchdog run` set (WATCHDOG_AUTOINSTALL=1), so no node agent of another test
-    takes them for an unhooked job: this test need not run alone."""
+    still the one `watchdog run` set (WATCHDOG_AUTOINSTALL=1), so no node agent takes them for
+    an unhooked job."""
     release = tmp_path / "release"
     job = torchrun_command(2, "-S", WAIT_FOR_FILE, str(release), launcher=("--no-python",),
                            script=sys.executable)

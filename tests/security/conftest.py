@@ -4,5 +4,3 @@ fix, when this machine cannot do that: not root, no setpriv, py-spy missing, or 
 to run this interpreter and import the package."""
 
 from __future__ import annotations
-
-from tests.helpers.harness import machine_share  # noqa: F401 (a fixture every test takes)

@@ -5,12 +5,8 @@ the agent's peak memory hundreds of MB larger."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.helpers.attack import agent, coordinator, memory_mib, scratch_dir, verdict
 from tests.security.test_oversized_input import nobodys_job
-
-pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 
 GROWTH_MIB = 120  # what the agent's peak may grow by: 8 dumps of at most 4 MiB, parsed
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.helpers.attack import (
     agent,
     coordinator,
@@ -24,8 +22,6 @@ from tests.helpers.attack import (
 )
 from tests.security.test_oversized_input import nobodys_job
 from watchdog.coordinator.fit import MAX_INCIDENT_BYTES, MAX_STATUS_BYTES
-
-pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 
 
 def test_a_stack_of_control_characters_breaks_no_status() -> None:

@@ -15,8 +15,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.helpers.attack import (
     AS_NOBODY,
     NOBODY,
@@ -34,8 +32,6 @@ from tests.helpers.everyone import python
 from watchdog.env import MAX_JOB_ID
 from watchdog.text import MAX_TEXT, TRUNCATED
 from watchdog.transport.limits import MAX_FRAMES
-
-pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 
 # A rank: `depth` calls deep in functions named `name` (in a file named `file`), where it waits
 # on the first of the `children` it started, or sleeps. Each child is this script again (its
@@ -93,9 +89,11 @@ def nobodys_job(scratch: Path, job_id: str, ranks: list[tuple[int, str]],
     spec = json.dumps({"job": job_id, "ranks": ranks, "name": name, "rank": RANK,
                        "children": children, "child_depth": child_depth,
                        "child_file": child_file})
-    proc = subprocess.Popen([*AS_NOBODY, python(), str(launcher), spec],
-                            stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
-                            start_new_session=True)
+    # Pointed at this test's agent: only the agent of the beacon directory a worker names takes
+    # it, hook or none (agent/unhooked.py), so no other test's agent judges this job.
+    proc = subprocess.Popen([*AS_NOBODY, python(), str(launcher), spec], stdout=subprocess.PIPE,
+                            text=True, env=clean_env(WATCHDOG_BEACON_DIR=str(scratch / "beacons")),
+                            cwd="/", start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "launched\n"
         yield

@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from tests.helpers.attack import agent, coordinator, scratch_dir, stored, verdict
 from tests.security.test_oversized_input import nobodys_job
 from watchdog.transport.limits import MAX_CHILD_FRAMES, MAX_CHILDREN, MAX_FRAMES, MAX_MESSAGE_BYTES
-
-pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees these workers
 
 NAME = "x" * 4095  # of every function the rank and its children wait in
 CHILD_FILE = "y" * 4095  # of the children's: with names alone, the reply fits one message

@@ -8,8 +8,6 @@ from __future__ import annotations
 import subprocess
 from contextlib import ExitStack
 
-import pytest
-
 from tests.helpers.attack import (
     agent,
     coordinator,
@@ -20,8 +18,6 @@ from tests.helpers.attack import (
     worker,
 )
 from tests.security.test_oversized_input import nobodys_job
-
-pytestmark = pytest.mark.unhooked_job  # every agent on the machine sees nobody's workers
 
 
 def test_one_users_large_incidents_evict_no_other_users_incident() -> None:

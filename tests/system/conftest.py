@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 
-from tests.helpers.harness import machine_share  # noqa: F401 (a fixture every test takes)
 from tests.helpers.secured import certs  # noqa: F401 (a CA and certificates, per test module)
 
 

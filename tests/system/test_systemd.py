@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.helpers.daemons import until_verdict
-from tests.helpers.harness import machine_lock
 from tests.helpers.machine import Machine, booted
 from tests.helpers.secured import TOKEN, Certs
 from tests.helpers.sysroot import USER, VENV, debian_root, project_wheel
@@ -77,9 +76,7 @@ def machine(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                          ("ca.pem", certs.ca)]:
         shutil.copy(source, install / name)
     (install / "token").write_text(TOKEN + "\n")
-    # Its job runs from the first test to the last: no unhooked job's test runs meanwhile.
-    with machine_lock(tmp_path_factory, alone=False), \
-            booted(root, install, install.parent / "console.log") as node:
+    with booted(root, install, install.parent / "console.log") as node:
         node.run(INSTALL, timeout=300)
         yield node
 
