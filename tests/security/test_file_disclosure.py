@@ -50,11 +50,12 @@ def test_root_only_files_named_by_a_worker_are_never_read(tmp_path: Path) -> Non
                        check=True, cwd="/")
         with secret.open("a") as root_only, coordinator(scratch) as coord, \
                 agent(scratch, scratch / "beacons", "--coordinator", coord.address) as node:
-            # The user runs the job; the launcher was handed a root-only file, open for
-            # appending, and gives it to rank 1 as its stdout.
+            # The user runs the job, pointed at this agent; the launcher was handed a root-only
+            # file, open for appending, and gives it to rank 1 as its stdout.
+            env = clean_env(WATCHDOG_BEACON_DIR=str(scratch / "beacons"))
             job = subprocess.Popen([*AS_NOBODY, python(), str(launcher), str(secret),
                                     str(own), "disclosure", str(root_only.fileno())],
-                                   stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/",
+                                   stdout=subprocess.PIPE, text=True, env=env, cwd="/",
                                    pass_fds=(root_only.fileno(),), start_new_session=True)
             try:
                 assert job.stdout is not None and job.stdout.readline() == "launched\n"
