@@ -8,11 +8,11 @@ verified workers enter the table, so only they are reported, handed to py-spy or
 files read; a beacon that fails is remembered (so it is not examined again until it changes)
 and logged once (`agent.discover`). Torchrun workers without a hook are taken when they and
 their torchrun run as one user and their environment names this table's beacon directory
-(`agent.unhooked`). Exits are noticed here and explained by the
-worker itself (`Worker.note_exit`); exited workers are forgotten after a while
-(`agent.retention`). Each refresh also observes every worker's process (`Worker.observe`), so
-that `agent.rankstate` converts without reading. The table is refreshed in a thread, off the
-agent's event loop: every access holds its lock.
+(`agent.unhooked`). Exits are noticed here and explained by the worker itself
+(`Worker.note_exit`); exited workers are forgotten after a while (`agent.retention`). Each
+refresh also observes every worker's process (`Worker.observe`), so that `agent.rankstate`
+converts without reading. The table is refreshed in a thread, off the agent's event loop: every
+access holds its lock.
 """
 
 from __future__ import annotations

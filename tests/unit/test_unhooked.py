@@ -4,6 +4,7 @@ processes: a launcher named torchrun and its worker, with torchrun's variables."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,12 +33,12 @@ def worker_pid(tmp_path: Path, env: dict[str, str]) -> Iterator[int]:
     launcher = tmp_path / "torchrun"
     launcher.write_text(LAUNCHER)
     proc = subprocess.Popen([sys.executable, str(launcher)], env=env, stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, start_new_session=True)
     try:
         assert proc.stdout is not None
         yield int(proc.stdout.readline())
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its worker
         proc.wait()
 
 
