@@ -96,16 +96,16 @@ def event_costs() -> None:
 
 def hook_switch(recorder: Recorder) -> Any:
     """Turns the hook's per-step work on or off: DDP's forward patch, Tensor.backward's (the
-    losses kept for the nonfinite_loss check), the optimizer step hook and recording. Off, a
+    losses kept for the nonfinite_loss check), the optimizer step's count and recording. Off, a
     step runs torch's own code only. With the checks held off, a due check waits for a step
     with them on: they come every K steps of those; no loss is kept."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     hooked_forward, hooked_backward = DistributedDataParallel.forward, torch.Tensor.backward
-    post_hooks = sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks
-    assert len(post_hooks) == 1, "expected the hook's step counter as the only global hook"
-    ours = dict(post_hooks)
+    optimizer_class = torch.optim.Optimizer
+    hooked_step_code = optimizer_class._optimizer_step_code
+    assert hasattr(hooked_step_code, "__wrapped__"), "expected the hook's step counter there"
 
     held = [recorder.check_at, recorder.checks.batch_due]  # while the checks are held off
 
@@ -117,10 +117,8 @@ def hook_switch(recorder: Recorder) -> Any:
         torch.Tensor.backward = (  # type: ignore[method-assign]
             hooked_backward if on else hooked_backward.__wrapped__)
         recorder.checks.losses.watching = mode == HOOKED
-        if on:
-            post_hooks.update(ours)
-        else:
-            post_hooks.clear()
+        optimizer_class._optimizer_step_code = (  # type: ignore[method-assign]
+            hooked_step_code if on else hooked_step_code.__wrapped__)
         if recorder.check_at == sys.maxsize:  # the last step held them: one step later now
             recorder.check_at, recorder.checks.batch_due = held[0] + 1, bool(held[1])
         if mode == NO_CHECKS:

@@ -43,7 +43,8 @@ def hook(one_rank: None, tmp_path: Path,
                for name in (*COLLECTIVES, *POINT_TO_POINT, *SET_UP) if hasattr(owner, name)]
     patched += [(c10d.Work, "wait"), (DistributedDataParallel, "forward"),
                 (DistributedDataParallel, "__init__"), (DistributedSampler, "__iter__"),
-                (torch.Tensor, "backward"), *((ddp_module, name) for name in ddp.DDP_INIT_CALLS)]
+                (torch.Tensor, "backward"), (torch.optim.Optimizer, "_optimizer_step_code"),
+                *((ddp_module, name) for name in ddp.DDP_INIT_CALLS)]
     for owner, name in patched:
         monkeypatch.setattr(owner, name, getattr(owner, name))
     post_hooks = sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks

@@ -310,3 +310,38 @@ def test_a_torch_without_ddps_helpers_keeps_its_constructor_as_it_is(tmp_path: P
     helpers = (module._check_shapes, module._sync_module_states)
     TorchPatches(make_recorder(tmp_path)).patch_ddp(module)
     assert (module._check_shapes, module._sync_module_states) == helpers
+
+
+def test_each_optimizer_step_counts_once_and_torchs_step_code_still_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted in the function torch calls after every step for its profiler, which still
+    runs (a stand-in records the calls here)."""
+    import torch
+
+    ran: list[object] = []
+    monkeypatch.setattr(torch.optim.Optimizer, "_optimizer_step_code",
+                        lambda optimizer: ran.append(optimizer))
+    recorder = make_recorder(tmp_path)
+    TorchPatches(recorder).patch_optimizer(sys.modules["torch.optim.optimizer"])
+    net = torch.nn.Linear(2, 1)
+    sgd, adam = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.Adam(net.parameters())
+    for _ in range(3):
+        net(torch.ones(1, 2)).sum().backward()
+        sgd.step()
+    adam.step()
+    assert ran == [sgd, sgd, sgd, adam]
+    assert recorder.steps == published(recorder).steps == 4
+
+
+def test_a_torch_without_the_step_code_function_counts_steps_by_a_global_step_hook(
+        tmp_path: Path) -> None:
+    import torch  # noqa: F401 (patch_optimizer hands torch to the checks)
+
+    module, hooks = types.ModuleType("optimizer"), []
+    module.Optimizer = type("Optimizer", (), {})  # type: ignore[attr-defined]
+    module.register_optimizer_step_post_hook = hooks.append  # type: ignore[attr-defined]
+    recorder = make_recorder(tmp_path)
+    TorchPatches(recorder).patch_optimizer(module)
+    (hook,) = hooks
+    hook(module.Optimizer(), (), {})
+    assert recorder.steps == 1

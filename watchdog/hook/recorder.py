@@ -196,9 +196,11 @@ class Recorder:
         """Treat the collective just entered as pending after all (an async one)."""
         self._pending = (slot, seq)
 
-    def optimizer_stepped(self, optimizer: object, _args: object, _kwargs: object) -> None:
-        """The global optimizer step hook: counts a step, unless `watchdog.step()` counts them,
-        so a loop with several optimizers, or with both, counts each step once."""
+    def optimizer_stepped(self, optimizer: object, _args: object = None,
+                          _kwargs: object = None) -> None:
+        """An optimizer stepped (patches/optimizer.py, or a global optimizer step hook): counts
+        a step, unless `watchdog.step()` counts them, so a loop with several optimizers, or
+        with both, counts each step once."""
         if self.enabled:
             if not self._manual_steps:
                 self.steps += 1
@@ -231,7 +233,7 @@ class Recorder:
         """Count a training step by hand; from now on optimizer steps are not counted."""
         if self.enabled:
             self._manual_steps = True
-            self.optimizer_stepped(None, None, None)
+            self.optimizer_stepped(None)
             self.steps += 1
 
     def compile_started(self) -> None:

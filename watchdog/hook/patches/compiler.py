@@ -11,7 +11,8 @@ bookkeeping as its own emulation, which raised in the user's code. So:
 - where compiled code calls a wrapper, dynamo traces a call of the torch function it wraps
   instead, so compiled code is what it would be without the hook. Inside a compiled region the
   graph runs what dynamo makes of that function (a functional collective): unrecorded;
-- the optimizer step hook, which torch does not have, traces as nothing.
+- the optimizer step's count, which torch does not have, traces as nothing (the function it
+  sits in, patches/optimizer.py, dynamo traces as torch's own).
 Every API used here is looked up: a torch without one is left as it is.
 """
 

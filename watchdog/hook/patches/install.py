@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 from watchdog.collectives import COLLECTIVES, POINT_TO_POINT
@@ -15,6 +15,7 @@ from watchdog.hook.patches import c10d as c10d_wrappers
 from watchdog.hook.patches import compiler, ddp, group_setup
 from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.group_slots import GroupSlots
+from watchdog.hook.patches.optimizer import wrap_step_code
 from watchdog.hook.patches.sampler import wrap_sampler_iter
 from watchdog.hook.patches.works import PendingWorks, patch_work_wait
 from watchdog.hook.recorder import Recorder
@@ -134,10 +135,18 @@ class TorchPatches:
         self._wrapped(sampler_class.__iter__, original)
 
     def patch_optimizer(self, module: ModuleType) -> None:
-        """Count optimizer steps; the checks run after some of them."""
+        """Count optimizer steps; the checks run after some of them. Where torch has no step
+        code function to wrap, a global step hook counts them."""
         self._rec.checks.use_torch(sys.modules["torch"])
-        counter = self._rec.optimizer_stepped
-        module.register_optimizer_step_post_hook(counter)
+        optimizer_class, counter = module.Optimizer, self._rec.optimizer_stepped
+        original = getattr(optimizer_class, "_optimizer_step_code", None)
+        if isinstance(original, FunctionType):
+            optimizer_class._optimizer_step_code = wrap_step_code(original, self._rec)
+            # Dynamo traces the wrapper as torch's own code: the count is what it must not
+            # trace, as it traced no step hook.
+            self._wrapped(optimizer_class._optimizer_step_code, original)
+        else:
+            module.register_optimizer_step_post_hook(counter)
         self._wrapped(counter, None)
 
     def patch_tensor(self, module: ModuleType) -> None:
