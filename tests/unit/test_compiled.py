@@ -47,8 +47,6 @@ def hook(one_rank: None, tmp_path: Path,
                 *((ddp_module, name) for name in ddp.DDP_INIT_CALLS)]
     for owner, name in patched:
         monkeypatch.setattr(owner, name, getattr(owner, name))
-    post_hooks = sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks
-    kept = dict(post_hooks)
 
     def install() -> Recorder:
         torch._dynamo.reset()
@@ -58,8 +56,6 @@ def hook(one_rank: None, tmp_path: Path,
         return rec
 
     yield install
-    post_hooks.clear()
-    post_hooks.update(kept)
     torch._dynamo.reset()
 
 

@@ -64,7 +64,7 @@ def hide(dynamo: ModuleType, function: Callable[..., Any],
     if substitute is None:
         return
     # ValueError: a function dynamo has a rule of its own for (destroy_process_group, a graph
-    # break), kept. A bound method (the step hook) stands for its class's function.
+    # break), kept. A bound method (the step count) stands for its class's function.
     with contextlib.suppress(ValueError):
         substitute(getattr(function, "__func__", function), skip_signature_check=True)(
             _nothing if original is None else _calling(original))
