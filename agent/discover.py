@@ -90,7 +90,14 @@ class BeaconDiscovery:
             # to watch, and nothing wrong with the beacon, so no warning on the user's terminal.
             self._refuse(found, f"process {ident.pid} ended before it was verified", logging.INFO)
             return None
-        why = impossible(ident) or verify.refuse_beacon_writer(
+        why = impossible(ident)
+        if not why and head.exited_at and not verify.holds_file(ident.pid, st, self._proc):
+            # Its writer recorded its exit and has let go of the beacon: a rank ending as the
+            # agent looked, before /proc says it is gone. Refused all the same (a beacon that
+            # only says so proves nothing), but no more worth a warning than a rank gone.
+            self._refuse(found, f"process {ident.pid} ended before it was verified", logging.INFO)
+            return None
+        why = why or verify.refuse_beacon_writer(
             ident.pid, st, ident.created_at, self._boot, self._proc)
         env = None if why else procfs.read_environ(ident.pid, self._proc)
         why = why or verify.refuse_environment(env, ident.rank, ident.world_size)

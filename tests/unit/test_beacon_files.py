@@ -24,6 +24,7 @@ from agent.budget import StackBudget
 from agent.rankstate import rank_state
 from agent.table import WorkerTable
 from watchdog.beacon import (
+    EXIT_CLEAN,
     MAX_GROUPS,
     MAX_WORLD,
     SIZE,
@@ -268,6 +269,24 @@ def test_a_beacon_is_decoded_past_its_head_only_once_its_writer_is_verified(
     assert (f"ignoring {other}: not a verified worker: process {os.getppid()} neither maps nor "
             "holds the beacon open") in caplog.text
     assert f"ignoring {own}: beacon group slot 0 lists -7 ranks (world 4)" in caplog.text
+
+
+def test_a_writer_that_recorded_its_exit_and_let_its_beacon_go_is_refused_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rank ending as the agent looks (its script failed at once: the hook's exit record is
+    written, the beacon unmapped, the process not gone yet) is no forgery to warn of; the same
+    beacon without the exit record is warned of (the test above)."""
+    base = tmp_path / "beacons"
+    ending = forged_in(base, os.getppid(), 4)
+    ending.mark_exit(EXIT_CLEAN, 2, time.time())
+    with caplog.at_level(logging.INFO, "agent.discover"):
+        table = WorkerTable(str(base), scan_unhooked=False)
+        table.refresh(time.time())
+    assert table.workers() == []
+    (record,) = [r for r in caplog.records if str(ending.path) in r.getMessage()]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == (f"ignoring {ending.path}: process {os.getppid()} ended "
+                                   "before it was verified")
 
 
 def test_a_world_beyond_the_largest_job_is_refused(tmp_path: Path,
