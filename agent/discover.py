@@ -85,16 +85,13 @@ class BeaconDiscovery:
             if beaconfiles.remove(found):
                 return None
             raise BeaconError("its process is gone, and the file is not ours to remove")
-        if stat is None or stat.gone:
-            # A rank that ended before the agent looked (a script that failed at once): nothing
-            # to watch, and nothing wrong with the beacon, so no warning on the user's terminal.
-            self._refuse(found, f"process {ident.pid} ended before it was verified", logging.INFO)
-            return None
         why = impossible(ident)
-        if not why and head.exited_at and not verify.holds_file(ident.pid, st, self._proc):
-            # Its writer recorded its exit and has let go of the beacon: a rank ending as the
-            # agent looked, before /proc says it is gone. Refused all the same (a beacon that
-            # only says so proves nothing), but no more worth a warning than a rank gone.
+        if stat is None or stat.gone or (
+                not why and head.exited_at and not verify.holds_file(ident.pid, st, self._proc)):
+            # A rank that ended before the agent looked (a script that failed at once), or
+            # that is ending: its exit recorded, the beacon let go, /proc not yet saying it is
+            # gone. Nothing to watch, and nothing wrong with the beacon, so no warning on the
+            # user's terminal; refused all the same (a beacon that says so proves nothing).
             self._refuse(found, f"process {ident.pid} ended before it was verified", logging.INFO)
             return None
         why = why or verify.refuse_beacon_writer(
