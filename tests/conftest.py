@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import everyone, preflights
-from tests.helpers.tier_times import TierTimes
+from tests.helpers.tier_times import CpuPerPhase, TierTimes
 
 TESTS = Path(__file__).resolve().parent
 TIERS = frozenset({"unit", "integration", "security", "system", "bench"})
@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     may run, for the tiers that run Python as another user (tests/helpers/everyone.py)."""
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(TierTimes(tier_of, config.rootpath), "tier-times")
+    config.pluginmanager.register(CpuPerPhase(), "cpu-per-phase")  # where tests run
     if (os.geteuid() == 0 and not hasattr(config, "workerinput")
             and any(_may_select(config, tier) for tier in ("integration", "security"))):
         with contextlib.suppress(everyone.Unprepared):  # the tier's preflight says why
