@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from watchdog.hook.patches.group_setup import rank_and_world, rendezvous
 from watchdog.hook.patches.install import TorchPatches
 from watchdog.hook.recorder import Recorder
 
+DDP_GROUP = object()  # a DDP module's process group, as its forward passes it
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WATCHDOG_HOOK_PID", "WATCHDOG_AUTOINSTALL")
 
 
@@ -80,7 +83,7 @@ def test_events_reach_the_beacon_when_published(tmp_path: Path) -> None:
 def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter_pending(slot, b"all_reduce")
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
     assert published(recorder).groups[0].completed_seq == 0
     recorder.optimizer_stepped(None, None, None)
     snap = published(recorder)
@@ -90,12 +93,12 @@ def test_pending_collectives_complete_at_the_next_event(tmp_path: Path) -> None:
 def test_a_pending_collective_is_timed_when_first_published(tmp_path: Path) -> None:
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter_pending(slot, b"all_reduce")
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
     first = published(recorder)
     assert 0 < first.groups[0].entered_at <= first.heartbeat
     assert published(recorder).groups[0].entered_at == first.groups[0].entered_at
     time.sleep(0.01)  # so the clock has moved when the next one is stamped
-    recorder.enter_pending(slot, b"all_reduce")
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
     assert published(recorder).groups[0].entered_at > first.groups[0].entered_at
 
 
@@ -118,18 +121,80 @@ def test_a_second_pending_collective_completes_the_first(tmp_path: Path) -> None
     """Two DDP forwards without an optimizer step between them (an evaluation pass with grad)."""
     recorder = make_recorder(tmp_path)
     slot = recorder.writer.group_slot("0", (0, 1), 2)
-    recorder.enter_pending(slot, b"all_reduce")
-    recorder.enter_pending(slot, b"all_reduce")
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
     group = published(recorder).groups[0]
     assert (group.entered_seq, group.completed_seq) == (2, 1)
     recorder.step()
     assert published(recorder).groups[0].completed_seq == 2
     # not counted once steps are manual, but still an event
     recorder.optimizer_stepped(None, None, None)
-    recorder.enter_pending(slot, b"all_reduce")
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
     recorder.optimizer_stepped(None, None, None)
     snap = published(recorder)
     assert (snap.groups[0].entered_seq, snap.groups[0].completed_seq, snap.steps) == (3, 3, 1)
+
+
+def test_collectives_called_on_ddps_group_take_their_turn_among_its_counted_all_reduces(
+        tmp_path: Path) -> None:
+    """DDP's all-reduces are counted: an explicit collective on its group between them gets the
+    next seq, completes them, and the all-reduces after it count on from it."""
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    seq = recorder.enter(slot, b"broadcast")
+    group = published(recorder).groups[0]
+    assert (seq, group.entered_seq, group.completed_seq, group.op) == (3, 3, 2, "broadcast")
+    recorder.complete(slot, seq)
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    group = published(recorder).groups[0]
+    assert (group.entered_seq, group.completed_seq, group.op) == (4, 3, "all_reduce")
+    other = recorder.writer.group_slot("1", (0,), 1)
+    recorder.complete(other, recorder.enter(other, b"barrier"))  # an event: completes #4
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    recorder.optimizer_stepped(None)
+    group = published(recorder).groups[0]
+    assert (group.entered_seq, group.completed_seq, group.op) == (5, 5, "all_reduce")
+
+
+def test_a_publish_beside_a_training_thread_never_goes_back_nor_ahead(tmp_path: Path) -> None:
+    """The publisher thread copies while the training thread counts DDP's all-reduces and
+    enters collectives on its group: every publish is at most what was recorded, never behind
+    the publish before it, and never completes what was not entered."""
+    recorder = make_recorder(tmp_path)
+    slot = recorder.writer.group_slot("0", (0, 1), 2)
+    recorder.ddp_all_reduce(DDP_GROUP, slot)
+    seen: list[tuple[int, int, int]] = []  # (entered, completed, entered so far by then)
+    done = threading.Event()
+    recorded = [1]
+
+    def publisher() -> None:
+        while not done.is_set():
+            entered, completed = recorder.progress()
+            seen.append((entered[slot][0], completed.get(slot, 0), recorded[0]))
+
+    thread = threading.Thread(target=publisher)
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as the interpreter can
+    thread.start()
+    try:
+        for step in range(20_000):  # each counted before it is recorded
+            recorded[0] += 1
+            recorder.ddp_all_reduce(DDP_GROUP, slot)
+            if step % 3 == 0:
+                recorded[0] += 1
+                recorder.complete(slot, recorder.enter(slot, b"all_reduce"))
+            recorder.optimizer_stepped(None)
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(old_interval)
+    assert len(seen) > 100
+    for (entered, completed, _), (later, _, recorded_by) in itertools.pairwise(seen):
+        assert completed <= entered <= later <= recorded_by
+    entered, completed = recorder.progress()
+    assert entered[slot][0] == completed[slot] == recorded[0]
 
 
 def test_each_collective_shows_its_own_op(tmp_path: Path) -> None:

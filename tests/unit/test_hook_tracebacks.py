@@ -74,13 +74,14 @@ def test_ddp_forwards_enter_their_groups_all_reduce_found_by_identity(one_rank: 
     world, batch = ddp_linear(), torch.ones(2, 8)
 
     def seqs(slot: int) -> tuple[int, int]:  # (entered, completed)
-        return rec._entered[slot][0], rec._completed.get(slot, 0)
+        entered, completed = rec.progress()
+        return entered[slot][0], completed.get(slot, 0)
 
     forward(world, batch)
     forward(world, batch)
     slot = rec.ddp_slot
     assert slot >= 0 and rec.ddp_group is world.process_group
-    assert rec._pending == (slot, 2) and seqs(slot) == (2, 1)
+    assert rec.ddp_calls == 2 and seqs(slot) == (2, 1)
     other = DistributedDataParallel(torch.nn.Linear(8, 4), process_group=dist.new_group([0]))
     forward(other, batch)
     assert rec.ddp_group is other.process_group and rec.ddp_slot not in (-1, slot)

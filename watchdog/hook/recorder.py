@@ -42,6 +42,10 @@ from watchdog.hook.pace import PaceTracker
 
 NO_PHASE = ("", 0.0, 0.0)
 NO_GROUP = object()  # Recorder.ddp_group until a DDP forward: it is no group, not even None
+DDP_OP = b"all_reduce"  # the op of DDP's gradient all-reduce, entered by its training forward
+# Copies `progress` makes while the training thread keeps changing what it copies: the GIL
+# passes between threads every few milliseconds, so a second copy is all but always whole.
+MAX_COPIES = 3
 
 
 class Recorder:
@@ -51,6 +55,7 @@ class Recorder:
     # Its attributes are read several times per training step: slots make each read one load.
     __slots__ = (
         "_completed",
+        "_ddp_base",
         "_entered",
         "_manual_steps",
         "_pace",
@@ -60,6 +65,8 @@ class Recorder:
         "check_at",
         "checks",
         "compiling_since",
+        "ddp_calls",
+        "ddp_done",
         "ddp_group",
         "ddp_slot",
         "enabled",
@@ -105,6 +112,12 @@ class Recorder:
         # with no hash and no dict, since in a step each object touched costs (see `enter`).
         self.ddp_group: object = NO_GROUP
         self.ddp_slot = -1
+        # That group's all-reduces are counted, not entered one by one (`ddp_all_reduce`):
+        # `ddp_calls` so far, of which the first `ddp_done` are complete; `_ddp_base` is
+        # (slot, its seq, ddp_calls) when the count was last folded into its entries, one tuple
+        # so that the publisher never reads a seq and its count from two different folds.
+        self.ddp_calls = self.ddp_done = 0
+        self._ddp_base = (-1, 0, 0)
         # Seconds spent inside blocking collectives and DDP's backward: who waits least is
         # whom the others wait for (straggler detection compares it across ranks).
         self.wait_s = 0.0
@@ -142,10 +155,10 @@ class Recorder:
             with contextlib.suppress(OSError):
                 self.writer.remove()
 
-    # enter_pending() and optimizer_stepped() run in every training step, right after the rank
+    # DDP's forward and optimizer_stepped() run in every training step, right after the rank
     # waited in a collective: with cold caches each Python call, and each object touched, costs
-    # a good part of a microsecond there, so they call no helper of their own, and the wrappers
-    # read `steps` and count `grad_syncs` without a call.
+    # a good part of a microsecond there, so they call no helper of their own, the wrappers
+    # read `steps` and count `grad_syncs` without a call, and DDP's all-reduce is a count.
     def enter(self, slot: int, op: bytes) -> int:
         """Record entering the next collective of group `slot`; returns its seq (0 on a fault)."""
         try:
@@ -153,26 +166,69 @@ class Recorder:
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
                 self._pending = None
+            if self.ddp_calls != self._ddp_base[2]:
+                self._fold_ddp_calls()
             seq = self._entered[slot][0] + 1
             self._entered[slot] = (seq, op, time.time())
+            if slot == self._ddp_base[0]:  # DDP's later all-reduces count on from this one
+                self._ddp_base = (slot, seq, self.ddp_calls)
             return seq
         except Exception as e:
             self.fail(e)
             return 0
 
-    def enter_pending(self, slot: int, op: bytes) -> None:
-        """Record entering the next collective of group `slot`, one whose end Python never sees
-        (DDP's all-reduce): it completes at this rank's next event, and the publisher times it
-        when first published, which spares every step a clock read."""
+    def ddp_all_reduce(self, group: object, slot: int) -> None:
+        """A DDP training forward on `group` (beacon slot `slot`): it enters the gradients'
+        all-reduce, which Python never sees end, so it completes at this rank's next event.
+        Counted: the next event or publish folds the count into the group's entries, and the
+        publisher times the entry when first published, which spares every step a clock read.
+        DDP's forward wrapper does the first branch itself, without a call."""
+        if group is self.ddp_group and self._pending is None:
+            self.ddp_calls += 1
+            return
         try:
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
-            seq = self._entered[slot][0] + 1
-            self._entered[slot] = (seq, op, UNTIMED)
-            self._pending = (slot, seq)
+                self._pending = None
+            self._fold_ddp_calls()
+            if group is not self.ddp_group:
+                self.ddp_group, self.ddp_slot = group, slot
+                self._ddp_base = (slot, self._entered[slot][0], self.ddp_calls)
+            self.ddp_calls += 1
         except Exception as e:
             self.fail(e)
+
+    def _fold_ddp_calls(self) -> None:
+        """An event: DDP's all-reduces counted so far are entered and complete."""
+        slot, seq, folded = self._ddp_base
+        calls = self.ddp_calls
+        if calls != folded:
+            seq += calls - folded
+            self._entered[slot] = (seq, DDP_OP, UNTIMED)
+            self._completed[slot] = seq
+            self._ddp_base = (slot, seq, calls)
+        self.ddp_done = calls
+
+    def progress(self) -> tuple[list[Entered], dict[int, int]]:
+        """Copies of each group's last entry and last completed seq, DDP's all-reduces counted
+        since the last fold included: what the publisher writes. A fold, or an entry on DDP's
+        group, while copying gives a new `_ddp_base`: then it copies again, so that a seq and
+        the count added to it always come from one fold, and no publish is behind the one
+        before it."""
+        for _ in range(MAX_COPIES):
+            base = self._ddp_base
+            completed = self._completed.copy()  # first: entries copied after it are not behind
+            entered = self._entered[:]
+            calls, done = self.ddp_calls, self.ddp_done
+            if self._ddp_base is base:
+                break
+        slot, seq, folded = base
+        if slot >= 0 and calls != folded:
+            top = seq + calls - folded
+            entered[slot] = (top, DDP_OP, UNTIMED)
+            completed[slot] = top if done >= calls else top - 1
+        return entered, completed
 
     def grad_synced(self) -> None:
         """A collective that synchronizes gradients, or splits the model across ranks, was
@@ -206,6 +262,7 @@ class Recorder:
                 self.steps += 1
             waited = self.wait_s - self._wait_mark
             self._wait_mark, self.wait_sq = self.wait_s, self.wait_sq + waited * waited
+            self.ddp_done = self.ddp_calls
             waiting = self._pending
             if waiting is not None:
                 self._completed[waiting[0]] = waiting[1]
@@ -250,9 +307,7 @@ class Recorder:
         if not self.enabled or writer is None:
             return
         try:
-            # completed is copied first: a copy of entered taken after it is never behind it
-            completed = self._completed.copy()
-            entered = self._entered[:]
+            entered, completed = self.progress()
             steps = self.steps
             now = time.time()
             # the beacon's event count (BeaconSnapshot.events), groups joined included

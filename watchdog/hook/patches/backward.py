@@ -24,7 +24,7 @@ def wrap_backward(original: Callable[..., Any], rec: Recorder) -> Callable[..., 
         if losses.watching and rec.enabled:
             waiting.append((rec.steps, tensor))
         try:
-            if rec._pending is None:  # no DDP all-reduce for this backward to wait for
+            if rec._pending is None and rec.ddp_calls == rec.ddp_done:  # nothing to wait for
                 return original(tensor, *args, **kwargs)
             # Its compute is alike on every replica and cancels out when ranks are compared:
             # what differs is the wait for the slowest rank's gradients.

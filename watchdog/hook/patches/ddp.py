@@ -19,7 +19,6 @@ from watchdog.hook.patches import drop_own_frame
 from watchdog.hook.patches.group_slots import GroupSlots
 from watchdog.hook.recorder import Recorder
 
-DDP_OP = b"all_reduce"
 # The collectives DDP's constructor issues from C++, through these helpers that
 # torch.nn.parallel.distributed imports from torch.distributed.utils: the parameter shape check,
 # then the broadcast of rank 0's parameters and buffers. Recorded under one op name, which the
@@ -40,14 +39,12 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
         if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
             rec.grad_syncs += 1  # rec.grad_synced() without a call: it runs in every step
             group = ddp.process_group
-            if group is rec.ddp_group:
-                slot = rec.ddp_slot
+            if group is rec.ddp_group and rec._pending is None:
+                rec.ddp_calls += 1  # rec.ddp_all_reduce() without a call
             else:
-                slot = slots.slot(group)
+                slot = rec.ddp_slot if group is rec.ddp_group else slots.slot(group)
                 if slot >= 0:
-                    rec.ddp_group, rec.ddp_slot = group, slot
-            if slot >= 0:
-                rec.enter_pending(slot, DDP_OP)
+                    rec.ddp_all_reduce(group, slot)
             if checks.batch_due:
                 rec.run_check(checks.batch, ddp, inputs, kwargs)
         try:
