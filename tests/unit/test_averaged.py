@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.helpers.builders import JOB, T0, rank
 from tests.helpers.recorders import ALL, published, recorder
 from watchdog.beacon import BeaconWriter, CheckState, Identity
 from watchdog.coordinator.silent_bugs import SETTLE_S, FindingTracker
+from watchdog.hook import lifecycle
 from watchdog.hook.checks import FIRST_CHECK
 from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.c10d import wrap_collective
@@ -106,6 +108,34 @@ def test_the_first_non_finite_loss_is_read_by_the_publisher(one_rank: None,
     off = recorder(tmp_path, ALL - {"nonfinite_loss"}, "off")
     assert train(off, "grads", n_steps=6, nan_at=3).nonfinite_step == -1
     assert not off.checks.losses.waiting
+
+
+def test_the_publisher_thread_reads_the_kept_losses_between_its_publishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loss held until the next publish (0.2 s) costs the training thread; it is read by an
+    earlier round of the publisher thread, and the NaN among them is found all the same."""
+    rec = recorder(tmp_path)
+    backward = wrap_backward(torch.Tensor.backward, rec)
+    model = torch.nn.Linear(8, 1)
+    for step in range(3):
+        loss = model(torch.ones(4, 8)).mean()
+        backward(loss * math.nan if step == 2 else loss)
+        rec.optimizer_stepped(None)
+    left_at_publish: list[int] = []
+    publish, stop = Recorder.publish, threading.Event()
+
+    def publish_once(self: Recorder) -> None:
+        left_at_publish.append(len(self.checks.losses.waiting))
+        publish(self)
+        stop.set()
+
+    monkeypatch.setattr(Recorder, "publish", publish_once)
+    thread = threading.Thread(target=lifecycle._publish_forever, args=(rec, stop))
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert left_at_publish == [0]
+    assert rec.checks.losses.first[0] == 2 and math.isnan(rec.checks.losses.first[1])
 
 
 def lost(number: int, at: int, steps: int) -> RankState:

@@ -351,6 +351,10 @@ class Checks:
         self._samplers[sampler] = (epoch, iterator)
 
     # -- publisher thread --
+    def read_losses(self) -> None:
+        if self.losses.watching:
+            self.losses.collect(self.torch)
+
     def collect(self, steps: int, grad_syncs: int) -> CheckState:
         """The state to publish: fingerprints whose numbers are readable by now are digested,
         losses read."""
@@ -360,8 +364,7 @@ class Checks:
             self._prints.setdefault(key, deque(maxlen=KEEP)).append(probe.fingerprint())
             self._taken += 1
         self._ever_synced = self._ever_synced or grad_syncs > 0
-        if self.losses.watching:
-            self.losses.collect(self.torch)
+        self.read_losses()
         change = self._change or (0, 0, "", "")
         unsynced = not self._ever_synced and "no_grad_sync" in self.enabled
         return CheckState(

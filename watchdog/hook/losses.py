@@ -3,10 +3,11 @@ torch arrives as an argument).
 
 The loss is the tensor backward() is called on. The training thread only keeps a reference to
 it with the step it belongs to (the optimizer steps taken before it); the publisher thread reads
-them: a CPU loss at once, CUDA losses stacked and copied back without waiting (`ReadBack`, on
-the stream current in the publisher: the default one, where most training runs). The first
-step whose loss is NaN or infinite is kept, and no loss after it. On the CPU a published step
-count S means every loss of the steps before S was read in that publish.
+them 20 times a second, between its publishes too, so that none is held long: a CPU loss at
+once, CUDA losses stacked and copied back without waiting (`ReadBack`, on the stream current in
+the publisher: the default one, where most training runs). The first step whose loss is NaN or
+infinite is kept, and no loss after it. On the CPU a published step count S means every loss
+of the steps before S was read in that publish.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 from watchdog.hook.readback import ReadBack
 
-# Losses waiting for the publisher (5 times a second): enough for 1 ms steps. Past it the oldest
-# go unread, so a NaN there may be found a few steps late.
+# Losses waiting for the publisher thread (it reads them 20 times a second): enough for 50 us
+# steps. Past it the oldest go unread, so a NaN there may be found a few steps late.
 MAX_WAITING = 1024
 MAX_READING = 8  # CUDA read-backs in flight
 

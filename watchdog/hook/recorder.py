@@ -322,6 +322,14 @@ class Recorder:
         except Exception as e:
             self.fail(e)
 
+    def read_losses(self) -> None:
+        """Read the losses kept so far, between publishes (hook/losses.py)."""
+        if self.enabled:
+            try:
+                self.checks.read_losses()
+            except Exception as e:
+                self.fail(e)
+
     def set_phase(self, phase: tuple[str, float, float]) -> tuple[str, float, float]:
         """Declare (name, started, timeout) as the current phase; returns the one it replaces."""
         previous = self._phase
