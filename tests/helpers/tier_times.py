@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,12 +31,11 @@ class CpuPerPhase:
         self._mark = cpu_seconds()
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self) -> object:
+    def pytest_runtest_makereport(self) -> Generator[None, Any, None]:
         outcome = yield
         now = cpu_seconds()
-        outcome.get_result().cpu_s = now - self._mark  # type: ignore[attr-defined]
+        outcome.get_result().cpu_s = now - self._mark
         self._mark = now
-        return None
 
 
 @dataclass

@@ -213,9 +213,10 @@ class Recorder:
     def progress(self) -> tuple[list[Entered], dict[int, int]]:
         """Copies of each group's last entry and last completed seq, DDP's all-reduces counted
         since the last fold included: what the publisher writes. A fold, or an entry on DDP's
-        group, while copying gives a new `_ddp_base`: then it copies again, so that a seq and
-        the count added to it always come from one fold, and no publish is behind the one
-        before it."""
+        group, while copying gives a new `_ddp_base`: then it copies again (MAX_COPIES times),
+        so that a seq and the count added to it come from one fold and no publish is behind
+        the one before it. Should every copy be torn, the last one is used: never ahead of the
+        rank, one collective behind at most."""
         for _ in range(MAX_COPIES):
             base = self._ddp_base
             completed = self._completed.copy()  # first: entries copied after it are not behind
