@@ -23,6 +23,7 @@ from watchdog.beacon import BeaconWriter, CheckState, Identity
 from watchdog.coordinator.silent_bugs import SETTLE_S, FindingTracker
 from watchdog.hook import lifecycle
 from watchdog.hook.checks import FIRST_CHECK
+from watchdog.hook.losses import MAX_READING, Losses
 from watchdog.hook.patches.backward import wrap_backward
 from watchdog.hook.patches.c10d import wrap_collective
 from watchdog.hook.patches.install import TorchPatches
@@ -136,6 +137,35 @@ def test_the_publisher_thread_reads_the_kept_losses_between_its_publishes(
     assert not thread.is_alive()
     assert left_at_publish == [0]
     assert rec.checks.losses.first[0] == 2 and math.isnan(rec.checks.losses.first[1])
+
+
+class _DeviceBehind:
+    """A CUDA read-back whose event has not fired yet: the device is held busy."""
+
+    def __init__(self, value: float) -> None:
+        self.done, self.value = False, value
+
+    def ready(self) -> bool:
+        return self.done
+
+    def numbers(self) -> list[float]:
+        return [self.value]
+
+
+def test_losses_wait_for_a_busy_device_rather_than_a_read_back_be_dropped() -> None:
+    """With MAX_READING read-backs in flight, the next losses stay kept; the oldest read-back,
+    whose loss was the NaN, is read once the device catches up."""
+    losses = Losses()
+    losses.watching = True
+    behind = [_DeviceBehind(math.nan if step == 0 else 1.0) for step in range(MAX_READING)]
+    losses._reading.extend(([step], values) for step, values in enumerate(behind))
+    losses.waiting.append((MAX_READING, torch.tensor(2.0)))
+    losses.collect(torch)
+    assert len(losses._reading) == MAX_READING and len(losses.waiting) == 1
+    for values in behind:
+        values.done = True
+    losses.collect(torch)
+    assert losses.first[0] == 0 and math.isnan(losses.first[1])
 
 
 def lost(number: int, at: int, steps: int) -> RankState:

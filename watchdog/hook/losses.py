@@ -21,7 +21,10 @@ from watchdog.hook.readback import ReadBack
 # Losses waiting for the publisher thread (it reads them 20 times a second): enough for 50 us
 # steps. Past it the oldest go unread, so a NaN there may be found a few steps late.
 MAX_WAITING = 1024
-MAX_READING = 8  # CUDA read-backs in flight
+# CUDA read-backs in flight. Past it the losses wait in `waiting` until the device catches up,
+# rather than an older read-back, a NaN perhaps, be dropped unread: with reads 20 times a
+# second, a device held busy fills them in 0.4 s.
+MAX_READING = 8
 
 
 class Losses:
@@ -33,7 +36,7 @@ class Losses:
     def __init__(self) -> None:
         self.watching = False
         self.waiting: deque[tuple[int, Any]] = deque(maxlen=MAX_WAITING)
-        self._reading: deque[tuple[list[int], ReadBack]] = deque(maxlen=MAX_READING)
+        self._reading: deque[tuple[list[int], ReadBack]] = deque()
         self.first = (-1, 0.0)  # the step of the first non-finite loss, and its value
 
     def collect(self, torch: Any) -> None:
@@ -41,6 +44,8 @@ class Losses:
         while self._reading and self._reading[0][1].ready():
             steps, values = self._reading.popleft()
             self._found(steps, values.numbers())
+        if len(self._reading) >= MAX_READING:
+            return
         on_gpu: list[tuple[int, Any]] = []
         while self.waiting and self.first[0] < 0:
             step, loss = self.waiting.popleft()
