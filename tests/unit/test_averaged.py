@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ def test_the_first_non_finite_loss_is_read_by_the_publisher(one_rank: None,
     rec = recorder(tmp_path)
     checks = train(rec, "grads", n_steps=6, nan_at=3)
     assert checks.nonfinite_step == 3 and math.isnan(checks.nonfinite_value)
-    assert not rec.checks.losses.watching  # nothing more is kept once one is found
+    losses = rec.checks.losses
+    assert not losses.watching and not losses.read  # nothing more is kept once one is found
     off = recorder(tmp_path, ALL - {"nonfinite_loss"}, "off")
     assert train(off, "grads", n_steps=6, nan_at=3).nonfinite_step == -1
     assert not off.checks.losses.waiting
@@ -137,6 +139,34 @@ def test_the_publisher_thread_reads_the_kept_losses_between_its_publishes(
     assert not thread.is_alive()
     assert left_at_publish == [0]
     assert rec.checks.losses.first[0] == 2 and math.isnan(rec.checks.losses.first[1])
+
+
+def test_a_loss_read_dies_at_the_next_backward_or_else_at_the_next_read(
+        tmp_path: Path) -> None:
+    """The training thread drops what the publisher has read (its graph is freed where it was
+    made); with no backward since, the next read round drops it; a failed hook keeps none."""
+    rec = recorder(tmp_path)
+    backward = wrap_backward(torch.Tensor.backward, rec)
+    model = torch.nn.Linear(8, 1)
+
+    def step() -> weakref.ref[torch.Tensor]:
+        loss = model(torch.ones(4, 8)).mean()
+        backward(loss)
+        return weakref.ref(loss)
+
+    first = step()
+    assert first() is not None  # kept for the publisher
+    rec.read_losses()
+    assert first() is not None and rec.checks.losses.read  # read: back to the training thread
+    second = step()
+    assert first() is None and second() is not None
+    rec.read_losses()
+    assert second() is not None
+    rec.read_losses()  # no backward() in between
+    assert second() is None and not rec.checks.losses.read
+    rec.fail(RuntimeError("a fault in the hook"))
+    third = step()
+    assert third() is None and not rec.checks.losses.waiting
 
 
 class _DeviceBehind:

@@ -8,6 +8,12 @@ once, CUDA losses stacked and copied back without waiting (`ReadBack`, on the st
 the publisher: the default one, where most training runs). The first step whose loss is NaN or
 infinite is kept, and no loss after it. On the CPU a published step count S means every loss
 of the steps before S was read in that publish.
+
+A loss read goes back to the training thread (`read`), whose next backward() drops it: the
+loss holds its step's autograd graph, and memory freed on the publisher thread stays in that
+thread's malloc cache, so the training thread would build each graph from the shared heap
+instead (1.5 us more a step in an A/B run of tests/bench/hook_overhead.py's job). A loss the
+training thread has not taken by the next read round is dropped there.
 """
 
 from __future__ import annotations
@@ -31,16 +37,18 @@ class Losses:
     """The losses of one rank. The training thread appends to `waiting` while `watching`; the
     publisher thread calls `collect`."""
 
-    __slots__ = ("_reading", "first", "waiting", "watching")
+    __slots__ = ("_reading", "first", "read", "waiting", "watching")
 
     def __init__(self) -> None:
         self.watching = False
         self.waiting: deque[tuple[int, Any]] = deque(maxlen=MAX_WAITING)
         self._reading: deque[tuple[list[int], ReadBack]] = deque()
+        self.read: list[Any] = []  # read, for the training thread to drop
         self.first = (-1, 0.0)  # the step of the first non-finite loss, and its value
 
     def collect(self, torch: Any) -> None:
-        """Read what can be read by now."""
+        """Read what can be read by now; the losses read go to `read`."""
+        self.read.clear()  # the training thread called no backward() since the last round
         while self._reading and self._reading[0][1].ready():
             steps, values = self._reading.popleft()
             self._found(steps, values.numbers())
@@ -49,6 +57,7 @@ class Losses:
         on_gpu: list[tuple[int, Any]] = []
         while self.waiting and self.first[0] < 0:
             step, loss = self.waiting.popleft()
+            self.read.append(loss)
             if loss.numel() != 1 or not loss.is_floating_point():
                 continue
             if loss.device.type == "cpu":
@@ -66,5 +75,10 @@ class Losses:
         for step, value in zip(steps, values, strict=True):
             if not math.isfinite(value) and (self.first[0] < 0 or step < self.first[0]):
                 self.first = (step, value)
-                self.watching = False
-                self.waiting.clear()
+                self.stop()
+
+    def stop(self) -> None:
+        """Keep no more losses, and none of those kept: nothing will read them."""
+        self.watching = False
+        self.waiting.clear()
+        self.read.clear()

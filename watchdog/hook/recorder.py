@@ -106,7 +106,8 @@ class Recorder:
         self._pace = PaceTracker()  # fed by each publish
         self.checks = Checks(checks, check_every, self.steps_taken)  # of CHECK_NAMES
         self.check_at = self.checks.first_check  # the step count at which checks next run
-        self.grad_syncs = 0  # collectives seen that synchronize gradients (or split the model)
+        # collectives seen that synchronize gradients (or split the model), DDP's counted apart
+        self.grad_syncs = 0
         self.compiling_since = 0.0  # when the compile under way began (torch.compile); 0: none
         # The process group of the last DDP forward, and its slot: a step finds it by identity,
         # with no hash and no dict, since in a step each object touched costs (see `enter`).
@@ -142,12 +143,14 @@ class Recorder:
         """This process is a forked child of the rank (a DataLoader worker): it shares the
         rank's beacon mapping, so it must not write."""
         self.enabled = False
+        self.checks.losses.watching = False  # backward() reads only this flag
 
     def fail(self, error: BaseException) -> None:
         """Stop recording for good after an internal error, and say so once."""
         if self.failed:
             return
         self.enabled = False
+        self.checks.losses.stop()
         self.failed = True
         print(f"torch-hang-watchdog: hook disabled after an internal error: {error!r}",
               file=sys.stderr)
@@ -158,7 +161,8 @@ class Recorder:
     # DDP's forward and optimizer_stepped() run in every training step, right after the rank
     # waited in a collective: with cold caches each Python call, and each object touched, costs
     # a good part of a microsecond there, so they call no helper of their own, the wrappers
-    # read `steps` and count `grad_syncs` without a call, and DDP's all-reduce is a count.
+    # read `steps` and count `grad_syncs` without a call, and DDP's all-reduce is a count, which
+    # counts as a gradient sync too.
     def enter(self, slot: int, op: bytes) -> int:
         """Record entering the next collective of group `slot`; returns its seq (0 on a fault)."""
         try:
@@ -315,7 +319,7 @@ class Recorder:
             events = (steps + writer.n_groups + sum(seq for seq, _, _ in entered)
                       + sum(completed.values()))
             pace = self._pace.observe(events, steps, now)
-            checks = self.checks.collect(steps, self.grad_syncs)
+            checks = self.checks.collect(steps, self.grad_syncs + self.ddp_calls)
             writer.publish(steps, entered, completed, now, pace, checks,
                            progress_at=self._pace.progress_at,
                            compiling_since=self.compiling_since, waited=(self.wait_s, self.wait_sq))

@@ -15,14 +15,17 @@ from watchdog.hook.recorder import Recorder
 
 def wrap_backward(original: Callable[..., Any], rec: Recorder) -> Callable[..., Any]:
     """Keep each loss for the publisher thread to read (hook/losses.py): a reference and a
-    step count, never a read of the value here, which would wait for a GPU."""
+    step count, never a read of the value here, which would wait for a GPU; and drop the ones
+    it has read. (`watching` is False while the recorder is not enabled.)"""
     losses = rec.checks.losses
-    waiting, clock = losses.waiting, time.perf_counter
+    waiting, read, clock = losses.waiting, losses.read, time.perf_counter
 
     @functools.wraps(original)
     def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if losses.watching and rec.enabled:
+        if losses.watching:
             waiting.append((rec.steps, tensor))
+            if read:
+                read.clear()
         try:
             if rec._pending is None and rec.ddp_calls == rec.ddp_done:  # nothing to wait for
                 return original(tensor, *args, **kwargs)

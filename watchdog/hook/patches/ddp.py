@@ -37,14 +37,15 @@ def wrap_forward(original: Callable[..., Any], rec: Recorder,
     @functools.wraps(original)
     def forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
         if rec.enabled and ddp.require_backward_grad_sync and grad_enabled():
-            rec.grad_syncs += 1  # rec.grad_synced() without a call: it runs in every step
             group = ddp.process_group
             if group is rec.ddp_group and rec._pending is None:
                 rec.ddp_calls += 1  # rec.ddp_all_reduce() without a call
             else:
                 slot = rec.ddp_slot if group is rec.ddp_group else slots.slot(group)
                 if slot >= 0:
-                    rec.ddp_all_reduce(group, slot)
+                    rec.ddp_all_reduce(group, slot)  # which counts as a gradient sync too
+                else:
+                    rec.grad_syncs += 1
             if checks.batch_due:
                 rec.run_check(checks.batch, ddp, inputs, kwargs)
         try:
