@@ -12,8 +12,9 @@ of the steps before S was read in that publish.
 A loss read goes back to the training thread (`read`), whose next backward() drops it: the
 loss holds its step's autograd graph, and memory freed on the publisher thread stays in that
 thread's malloc cache, so the training thread would build each graph from the shared heap
-instead (1.5 us more a step in an A/B run of tests/bench/hook_overhead.py's job). A loss the
-training thread has not taken by the next read round is dropped there.
+instead: 0.7-1.3 us more a step (median; two A/B runs of tests/bench/hook_overhead.py's
+job, both ways in one run). A loss the training thread has not taken by the next read round is
+dropped there.
 """
 
 from __future__ import annotations
