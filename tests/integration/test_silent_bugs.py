@@ -1,9 +1,9 @@
 """Bugs that never hang, found under `watchdog run` at the settings a user gets: 3-rank torchrun
-jobs (gloo; the FSDP2 job 4 ranks) with a setup mistake each (watchdog/demo/train.py --mistake) end normally, with a
-warning printed once and stored; a rank that runs another NCCL than its peers is named at start
-(the hook's override for tests makes it differ); a healthy DDP job and an FSDP2 job get none
-(ENV_MISMATCH and SHARED_DEVICE included); a warning never keeps a later hang from being
-reported and acted on."""
+jobs (gloo; the FSDP2 job 4 ranks) with a setup mistake each (watchdog/demo/train.py
+--mistake) end normally, with a warning printed once and stored; a rank that runs another NCCL
+than its peers is named at start (the hook's override for tests makes it differ); a healthy DDP
+job and an FSDP2 job get none (ENV_MISMATCH and SHARED_DEVICE included); a warning never keeps
+a later hang from being reported and acted on."""
 
 from __future__ import annotations
 
