@@ -110,8 +110,8 @@ class Agent:
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
         finally:
-            scanner.cancel()
-            self.table.exits.close()
+            scanner.cancel()  # its pass in a thread may still be under way: close after it
+            await asyncio.to_thread(self.table.close_exits)
 
     async def _scan_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -44,6 +44,14 @@ class WorkerTable:
         self._unhooked: dict[int, Worker] = {}
         self._last_unhooked_scan = 0.0
 
+    def close_exits(self) -> None:
+        """Read no more exits: a scan still running in its thread (a stopping daemon's) finds
+        none to read, instead of closed sources. It waits for that scan's pass: call it off the
+        event loop."""
+        with self._lock:
+            self.exits.close()
+            self.exits = exits.ExitObserver(None, None)
+
     def workers(self) -> list[Worker]:
         with self._lock:
             return self._all()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import exits
 from agent.rankstate import rank_state
 from agent.table import WorkerTable
 from agent.worker import FINGERPRINT_REPORTS, Worker
@@ -102,3 +103,21 @@ def test_a_beacon_its_owner_keeps_unreadable_is_said_once_until_it_reads_again(
         claim_world(1 << 20, 2)
     assert caplog.text.count("rank 0 of job: beacon group slot 0 lists -1 ranks") == 2
     assert worker.snapshot is not None and worker.snapshot.groups[0].ranks == range(2)
+
+
+def test_a_scan_after_the_exits_are_closed_reads_none_and_says_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stopping agent closes its exit sources while a scan may still be running in its
+    thread: that scan must not read the closed sources (EBADF, and a warning printed after
+    `watchdog run`'s last line)."""
+    log = tmp_path / "kmsg"
+    log.write_bytes(b"6,1,1,-;a record\n")
+    kernel = exits.KernelLog.open(str(log))
+    assert kernel is not None
+    table = WorkerTable(str(tmp_path), scan_unhooked=False,
+                        observer=exits.ExitObserver(exits.ProcessEvents.open(), kernel))
+    table.refresh(time.time())
+    table.close_exits()
+    with caplog.at_level(logging.WARNING):
+        table.refresh(time.time())
+    assert caplog.records == []
