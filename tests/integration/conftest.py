@@ -31,11 +31,13 @@ from watchdog.demo import TRAIN_SCRIPT
 
 
 @pytest.fixture
-def watch(tmp_path: Path) -> Any:
+def watch(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     """Runs the bundled training job with one fault (or another `script`) under `watchdog run`
-    and torchrun, or under `watchdog run` alone the command `job` where one is given."""
+    and torchrun, or under `watchdog run` alone the command `job` where one is given; at the
+    test module's NPROC ranks unless told otherwise (4 where it has none)."""
+    ranks = getattr(request.module, "NPROC", 4)
 
-    def run(*train_args: str, nproc: int = 4, watchdog_args: tuple[str, ...] = (
+    def run(*train_args: str, nproc: int = ranks, watchdog_args: tuple[str, ...] = (
             "--stall-timeout", "3", "--on-hang", "kill"),
             launcher: tuple[str, ...] = (), script: str = TRAIN_SCRIPT,
             job: list[str] | None = None, env: dict[str, str] | None = None) -> WatchedRun:

@@ -5,7 +5,6 @@ gloo, py-spy)."""
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,6 @@ CHECKPOINT_S = 30.0  # the demo job's --fault-seconds
 DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends the job
 NPROC = 3  # a culprit and a majority waiting on it: a fourth rank would add CPU, not a case
 
-
-@pytest.fixture
-def watch(watch: Any) -> Any:
-    """The job runner of tests/integration/conftest.py, at NPROC ranks."""
-    return functools.partial(watch, nproc=NPROC)
 
 
 @pytest.mark.long_job

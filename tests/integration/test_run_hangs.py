@@ -3,7 +3,6 @@ pipeline has 4 stages."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,6 @@ from tests.helpers.harness import EXIT_HANG_KILLED
 PIPELINE = str(Path(__file__).parents[1] / "jobs" / "pipeline.py")
 NPROC = 3  # a culprit and a majority waiting on it: a fourth rank would add CPU, not a case
 
-
-@pytest.fixture
-def watch(watch: Any) -> Any:
-    """The job runner of tests/integration/conftest.py, at NPROC ranks unless told otherwise."""
-    return functools.partial(watch, nproc=NPROC)
 
 
 def assert_collective(run: Any, group: str, op: str, members: list[int]) -> None:

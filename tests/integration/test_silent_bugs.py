@@ -7,12 +7,9 @@ a later hang from being reported and acted on."""
 
 from __future__ import annotations
 
-import functools
 import socket
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.helpers.harness import (
     EXIT_HANG_KILLED,
@@ -27,11 +24,6 @@ STEPS = ("--steps", "40")  # checks at steps 8, 16 and 32; an epoch is 16 steps
 NPROC = 3  # a culprit and a majority unlike it: a fourth rank would add CPU, not a case
 EVERY_RANK = list(range(NPROC))
 
-
-@pytest.fixture
-def watch(watch: Any) -> Any:
-    """The job runner of tests/integration/conftest.py, at NPROC ranks unless told otherwise."""
-    return functools.partial(watch, nproc=NPROC)
 
 
 def test_rank_0_loading_weights_after_ddp_and_no_sampler_are_warned_and_a_hang_still_ends_it(
