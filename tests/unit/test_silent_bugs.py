@@ -47,7 +47,7 @@ def trained(tmp_path: Path, number: int, *, loaded: bool = False, batch: float |
         if rec.checks.batch_due and batch is not None:
             value = -batch if batch < 0 else batch + number
             rec.checks.batch(ddp, (torch.full((4, 8), value),), {})
-    rec.grad_synced()  # DDP's forward counts one
+    rec.grad_synced()  # as an all_reduce of the gradients would
     rec.publish()
     snap = read_beacon(open_beacon(rec.writer.path))
     return rank(number, done(n_steps, 1.0), steps=n_steps, evidence=check_evidence(snap.checks))

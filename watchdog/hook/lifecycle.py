@@ -38,7 +38,7 @@ from watchdog.hook.recorder import Recorder
 PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by default
 # The kept losses are read 4 times between publishes: a loss held 0.2 s (700 of the bench's
 # 0.28 ms steps) cost the training thread 5 us per step in the next steps' allocations, one
-# held 0.05 s none measurable, and the graph it frees is freed off the training thread.
+# held 0.05 s 0-2 us (hook/losses.py gives the losses read back to the training thread).
 READS_PER_PUBLISH = 4
 PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 SHUTDOWN_WAIT = 1.0  # seconds an exiting rank waits for a publish in progress

@@ -10,11 +10,11 @@ infinite is kept, and no loss after it. On the CPU a published step count S mean
 of the steps before S was read in that publish.
 
 A loss read goes back to the training thread (`read`), whose next backward() drops it: the
-loss holds its step's autograd graph, and memory freed on the publisher thread stays in that
-thread's malloc cache, so the training thread would build each graph from the shared heap
-instead: 0.7-1.3 us more a step (median; two A/B runs of tests/bench/hook_overhead.py's
-job, both ways in one run). A loss the training thread has not taken by the next read round is
-dropped there.
+loss holds its step's autograd graph, and freed by the publisher thread that memory is not what
+the training thread's next steps allocate from (malloc keeps freed memory per thread, as we
+read it): dropped there, 0.7-1.3 us more a step (median; two A/B runs of
+tests/bench/hook_overhead.py's job, both ways in one run). A loss the training thread has not
+taken by the next read round is dropped by the publisher.
 """
 
 from __future__ import annotations
