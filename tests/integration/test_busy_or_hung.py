@@ -25,7 +25,6 @@ DEFAULTS = ("--on-hang", "kill")  # every threshold at its default; a hang ends 
 NPROC = 3  # a culprit and a majority waiting on it: a fourth rank would add CPU, not a case
 
 
-
 @pytest.mark.long_job
 def test_rank_0_writing_a_checkpoint_for_30_s_is_busy_not_hung(watch: Any,
                                                                tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def test_a_compiled_job_lives_through_its_compiles_and_a_later_block_is_named_at
     """The first step compiles, an evaluation at step 8 and short batches from step 16 each
     compile again, with caches as cold as a fresh node's: no verdict, no kill. Rank 1 then
     blocks reading its batch at step 20: that, and only that, is named, at the floor. (Two
-    ranks: each compiles the whole model, most of the suite's costliest test.)"""
+    ranks: each rank compiles the whole model, which made this the suite's costliest test.)"""
     run = watch("--fault-rank", "1", "--fault-step", "20", nproc=2, script=COMPILED,
                 watchdog_args=DEFAULTS, env=cold_caches(tmp_path))
     assert run.returncode == EXIT_HANG_KILLED, run.output

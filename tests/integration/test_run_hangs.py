@@ -14,7 +14,6 @@ PIPELINE = str(Path(__file__).parents[1] / "jobs" / "pipeline.py")
 NPROC = 3  # a culprit and a majority waiting on it: a fourth rank would add CPU, not a case
 
 
-
 def assert_collective(run: Any, group: str, op: str, members: list[int]) -> None:
     assert run.incident is not None
     collective = run.incident["collective"]

@@ -25,7 +25,6 @@ NPROC = 3  # a culprit and a majority unlike it: a fourth rank would add CPU, no
 EVERY_RANK = list(range(NPROC))
 
 
-
 def test_rank_0_loading_weights_after_ddp_and_no_sampler_are_warned_and_a_hang_still_ends_it(
         watch: Any, tmp_path: Path) -> None:
     run = watch("--mistake", "load_after_ddp", "--mistake", "no_sampler", "--fault",
