@@ -6,10 +6,12 @@ someone else stopped stays stopped and is reported as such. A stopped process ca
 blocking (py-spy: "Failed to get stack traces"), so it gets `--nonblocking` at once.
 
 With `native`, a dump first asks for native frames too (C, C++ and CUDA-library frames between
-the Python ones); that is slower and fails on more processes, so it has a shorter timeout and
-falls back to Python frames alone. Symbolizing torch's libraries costs each native dump of a
-rank about 0.6 s of CPU, so they take turns, one a CPU: four at once on a loaded 2-core machine
-took 2.1-2.3 s each, and past the timeout all of that work is lost.
+the Python ones); that is slower and fails on more processes, so past its timeout it falls back
+to Python frames alone. Symbolizing torch's libraries costs each native dump of a rank about
+0.6 s of CPU, so they take turns, one a CPU: four at once on a loaded 2-core machine took
+2.1-2.3 s each, and one beside a container image's build took over 3 s. Past the timeout all
+of that work is lost, so each native dump may take what is left of one budget for the whole
+request (NATIVE_BUDGET_S), which leaves the Python fallback time within the coordinator's wait.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ from watchdog.transport.limits import MAX_CHILD_FRAMES, MAX_FRAMES
 log = logging.getLogger(__name__)
 
 DUMP_TIMEOUT_S = 5.0
-NATIVE_TIMEOUT_S = 3.0
+# Native dumps of one request end this long after it began at the latest: the coordinator waits
+# 10 s for a node's stacks (STACK_WAIT_S), and a Python dump takes 15-25 ms.
+NATIVE_BUDGET_S = 7.0
+MIN_NATIVE_S = 1.0  # less left than this: Python frames alone, at once
 SAMPLE_SPREAD_S = 0.8  # several stacks of one rank are taken over this long
 MAX_ERROR_BYTES = 512  # of a child's dump failure (the wire takes 4096 at most)
 # py-spy's JSON of one process: 512 frames of 4 KiB names fit, with the threads beside them
@@ -61,13 +66,16 @@ def find_py_spy() -> str:
     raise PySpyMissingError("py-spy was not found on PATH or beside " + sys.executable)
 
 
-async def dump_stack(rank: int, pid: int, start_ticks: int, native: bool = False) -> RankStack:
-    """The main thread's stack of `pid`, the process that started at `start_ticks`; failures
-    come back in RankStack.error, never raised."""
+async def dump_stack(rank: int, pid: int, start_ticks: int,
+                     native_timeout: float = 0.0) -> RankStack:
+    """The main thread's stack of `pid`, the process that started at `start_ticks`, with native
+    frames when they come within `native_timeout` seconds (0: not asked for); failures come
+    back in RankStack.error, never raised."""
     before = procfs.read_stat_of(pid, start_ticks)
     if before is None or before.gone:
         return RankStack(rank, pid, error=_gone(pid))
-    thread, error = await _dump_main_thread(pid, start_ticks, before.stopped, native)
+    thread, error = await _dump_main_thread(pid, start_ticks, before.stopped,
+                                             native_timeout)
     if thread is None:
         return RankStack(rank, pid, error=bounded(error), was_stopped=before.stopped)
     # A recursion thousands deep, or a function named with a megabyte, is cut here, visibly.
@@ -75,24 +83,25 @@ async def dump_stack(rank: int, pid: int, start_ticks: int, native: bool = False
                      was_stopped=before.stopped)
 
 
-async def _dump_main_thread(pid: int, start_ticks: int, stopped: bool, native: bool = False,
-                            with_locals: bool = False) -> tuple[dict[str, Any] | None, str]:
+async def _dump_main_thread(
+        pid: int, start_ticks: int, stopped: bool, native_timeout: float = 0.0,
+        with_locals: bool = False) -> tuple[dict[str, Any] | None, str]:
     """py-spy's JSON of the main thread of `pid` (while it is the process that started at
     `start_ticks`), or None and why not. `stopped`: someone else had stopped it, so it is dumped
-    without blocking."""
+    without blocking. Native frames first, given `native_timeout` (seconds) for them."""
     try:
         py_spy = find_py_spy()
     except PySpyMissingError as e:
         return None, str(e)
     modes = [["--nonblocking"]] if stopped else [[], ["--nonblocking"]]
-    if native and not stopped:
+    if native_timeout >= MIN_NATIVE_S and not stopped:
         modes.insert(0, ["--native"])
     error = ""
     for extra in modes:
         now = procfs.read_stat_of(pid, start_ticks)  # a failed try may have taken seconds
         if now is None or now.gone:
             return None, _gone(pid)
-        timeout = NATIVE_TIMEOUT_S if "--native" in extra else DUMP_TIMEOUT_S
+        timeout = native_timeout if "--native" in extra else DUMP_TIMEOUT_S
         argv = [py_spy, "dump", "--json", "--pid", str(pid), *extra]
         try:
             out = await _run_py_spy([*argv, "--locals"] if with_locals else argv, timeout)
@@ -214,8 +223,16 @@ def _raw_frames(thread: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
 
 
+class NativeTurns:
+    """The native dumps of one request: one a CPU at a time, all before `until` (loop time)."""
+
+    def __init__(self, until: float) -> None:
+        self.turns = asyncio.Semaphore(len(os.sched_getaffinity(0)))
+        self.until = until
+
+
 async def sample_stack(rank: int, pid: int, start_ticks: int,
-                       native_turns: asyncio.Semaphore | None = None, samples: int = 1,
+                       native_turns: NativeTurns | None = None, samples: int = 1,
                        uid: int | None = None) -> RankStack:
     """`samples` stacks of `pid` (the process that started at `start_ticks`) spread over
     SAMPLE_SPREAD_S: the last one, and whether the
@@ -233,8 +250,9 @@ async def sample_stack(rank: int, pid: int, start_ticks: int,
         if index:  # on a schedule from the first: slow dumps do not stretch the spread
             await asyncio.sleep(max(0.0, _due(start, index, samples) - loop.time()))
         if native_turns is not None and index == samples - 1:
-            async with native_turns:  # see the module's docstring
-                stack = await dump_stack(rank, pid, start_ticks, native=True)
+            async with native_turns.turns:  # see the module's docstring
+                stack = await dump_stack(rank, pid, start_ticks,
+                                         native_turns.until - loop.time())
         else:
             stack = await dump_stack(rank, pid, start_ticks)
         if stack.frames:
@@ -318,6 +336,6 @@ async def dump_stacks(targets: list[tuple[int, int, int, int | None]], native: b
     """Stacks of (rank, pid, start ticks, uid) targets, all at once; with `native`, their native
     dumps one a CPU at a time. Given its uid, a rank's children come along where it waits on
     them."""
-    turns = asyncio.Semaphore(len(os.sched_getaffinity(0))) if native else None
+    turns = NativeTurns(asyncio.get_running_loop().time() + NATIVE_BUDGET_S) if native else None
     return list(await asyncio.gather(*(sample_stack(rank, pid, ticks, turns, samples, uid)
                                        for rank, pid, ticks, uid in targets)))

@@ -4,13 +4,17 @@ in DDP's constructor while a peer never wrapped its model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from agent.stacks import main_thread_frames
+from agent import procfs, stacks
+from agent.stacks import dump_stacks, main_thread_frames
 from tests.helpers.builders import DATA_STALL, FORWARD_LOOP, WORLD, done, rank, snapshot, unhooked
 from watchdog.coordinator.evidence import collective_frame, distributed_frame
 from watchdog.coordinator.incident import rank_table, stack_groups
@@ -176,3 +180,25 @@ def test_answers_are_kept_for_stacks_of_at_most_a_budget_of_frames() -> None:
     assert depth(deep[-1]) == 500 and len(asked) == 40  # the newest still kept
     assert depth(deep[0]) == 500 and len(asked) == 41  # the oldest let go: 40 x 500 > budget
     assert MEMO_FRAMES < 40 * 500
+
+
+def test_native_frames_come_within_the_requests_budget_and_python_ones_past_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real py-spy dumps of a sleeping interpreter: within the request's budget its stack holds
+    native frames; with the budget spent (a turn that came too late), Python frames alone."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); "
+                             "time.sleep(120)"], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"\n"
+        stat = procfs.read_stat(proc.pid)
+        assert stat is not None
+        target = [(0, proc.pid, stat.start_ticks, None)]
+        [within] = asyncio.run(dump_stacks(target, native=True))
+        assert any(f.native for f in within.frames), within
+        assert any(f.function == "<module>" for f in within.frames), within
+        monkeypatch.setattr(stacks, "NATIVE_BUDGET_S", stacks.MIN_NATIVE_S / 2)
+        [past] = asyncio.run(dump_stacks(target, native=True))
+        assert past.frames and not any(f.native for f in past.frames), past
+    finally:
+        proc.kill()
+        proc.wait()
