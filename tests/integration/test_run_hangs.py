@@ -90,12 +90,13 @@ def test_barrier_only_one_rank_reaches(watch) -> None:
     assert "save_checkpoint" in run.stack_functions(0)
 
 
-@pytest.mark.parametrize("exit_code", [0, 3])
-def test_rank_leaves_early_with_its_exit_code(watch, exit_code: int) -> None:
+@pytest.mark.parametrize(("exit_code", "exit_seconds"), [(0, 0), (3, 6)])
+def test_rank_leaves_early_with_its_exit_code(watch, exit_code: int, exit_seconds: int) -> None:
     """Its peers raise when their connection drops (gloo), and torchrun ends the job: the
-    watchdog, under --on-hang kill, ends nothing (an exit is the launcher's to handle)."""
+    watchdog, under --on-hang kill, ends nothing (an exit is the launcher's to handle), even
+    where the leaving rank's exit handlers take twice the stall threshold (6 s)."""
     run = watch("--fault", "early_exit", "--fault-rank", "2", "--fault-step", "3",
-                "--exit-code", str(exit_code))
+                "--exit-code", str(exit_code), "--exit-seconds", str(exit_seconds))
     assert run.returncode not in (0, EXIT_HANG_KILLED), run.output
     assert run.incident is not None, run.output
     assert run.incident["kind"] == "RANK_EXITED"

@@ -9,6 +9,7 @@ DistributedSampler with set_epoch, DDP, gloo on CPU (num_workers=0 unless --num-
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import socket
@@ -230,6 +231,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fault-step", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
+    parser.add_argument("--exit-seconds", type=float, default=0.0,
+                        help="how long early_exit's exit takes after sys.exit (a slow teardown)")
     parser.add_argument("--fault-seconds", type=float, default=30.0,
                         help="how long evaluate_all, slow_read and --checkpoint-at take")
     parser.add_argument("--checkpoint-at", type=int, default=-1, metavar="STEP",
@@ -273,6 +276,7 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
         save_checkpoint()
     elif fault == "early_exit":
         print(f"rank {rank}: leaving early at step {step}", flush=True)
+        atexit.register(time.sleep, args.exit_seconds)  # runs before the hook's: LIFO
         sys.exit(args.exit_code)
     elif fault == "crash":
         read_shard(7)

@@ -42,6 +42,11 @@ PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by defa
 READS_PER_PUBLISH = 4
 PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 SHUTDOWN_WAIT = 1.0  # seconds an exiting rank waits for a publish in progress
+# The phase of a rank from its sys.exit until it is gone: its exit handlers (torch's, the
+# user's) may take seconds, in which the rank makes no progress and its peers wait for it, yet
+# it is leaving, which is the launcher's to handle, not hung (one took 5 s on a loaded machine).
+EXITING = "exiting"
+EXIT_GRACE_S = 10.0
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -170,14 +175,16 @@ def _noting_exit(recorder: Recorder, original: SysExit) -> SysExit:
     """sys.exit that notes the exit code it asks for, so the beacon shows sys.exit(3) as 3, and
     when: the exit is timed at the call. Asked for with an exception in hand, as a launcher's
     wrapper does after catching what the rank raised (torch.multiprocessing.spawn's), a code
-    other than 0 records that exception. A call from another thread only ends that thread;
-    `raise SystemExit(3)` goes unnoticed."""
+    other than 0 records that exception. Until the process is gone the rank is in the phase
+    EXITING. A call from another thread only ends that thread; `raise SystemExit(3)` goes
+    unnoticed. A SystemExit caught and survived leaves the phase on until its timeout."""
     @functools.wraps(original)
     def exit(status: str | int | None = None, /) -> NoReturn:
         with contextlib.suppress(Exception):
             if threading.current_thread() is threading.main_thread():
                 code = _exit_code(status)
                 recorder.note_exit(code)
+                recorder.set_phase((EXITING, recorder.exit_at, EXIT_GRACE_S))
                 handling = sys.exc_info()[1]
                 if code != 0 and handling is not None:
                     recorder.mark_exit(EXIT_EXCEPTION, code, describe(handling))
@@ -234,15 +241,18 @@ def phase(name: str, timeout: float = 0.0) -> Iterator[None]:
     """Declare a named phase (checkpoint, evaluation, ...) in which this rank may make no
     progress for up to `timeout` seconds (0: the job's usual stall timeout applies).
 
-    Phases nest: leaving one restores the enclosing phase. A no-op where the hook is not
-    installed; it never raises (what the `with` body raises passes through unchanged).
+    Phases nest: leaving one restores the enclosing phase, unless sys.exit was called inside
+    it (the rank is EXITING). A no-op where the hook is not installed; it never raises (what
+    the `with` body raises passes through unchanged).
     """
     recorder = _recorder
     if recorder is None:
         yield
         return
-    previous = recorder.set_phase((name, time.time(), timeout))
+    began = time.time()
+    previous = recorder.set_phase((name, began, timeout))
     try:
         yield
     finally:
-        recorder.set_phase(previous)
+        if recorder.exit_at < began:
+            recorder.set_phase(previous)
