@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import statistics
@@ -169,7 +170,9 @@ def ddp_worker(out: str, width: int) -> None:
 
 def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
     """Ratio of medians with a 90% bootstrap interval, and the same ratio between two random
-    halves of the unhooked steps: the noise floor of this machine; and the means."""
+    halves of the unhooked steps: the noise floor of this machine; and the means, with a 90%
+    interval for their difference from the steps' variance (a few slow steps move a mean far
+    more than a median: say how far)."""
     rng = random.Random(1)
     halves = rng.sample(unhooked, len(unhooked))
     noise = statistics.median(halves[::2]) / statistics.median(halves[1::2])
@@ -179,10 +182,14 @@ def report(label: str, hooked: list[float], unhooked: list[float]) -> None:
                        for _ in range(BOOTSTRAP))
     low, high = resampled[BOOTSTRAP // 20], resampled[-BOOTSTRAP // 20]
     mean_on, mean_off = statistics.fmean(hooked), statistics.fmean(unhooked)
+    more = (mean_on - mean_off) * 1e6
+    spread = 1.645 * math.sqrt(statistics.variance(hooked) / len(hooked)
+                               + statistics.variance(unhooked) / len(unhooked))
     print(f"  {label}: median {on * 1e3:.3f} ms vs {off * 1e3:.3f} ms "
           f"({(on - off) * 1e6:+.1f} us), ratio {on / off:.4f} (90% interval {low:.4f}-"
           f"{high:.4f}; noise floor: unhooked vs unhooked {noise:.4f}); mean "
-          f"{mean_on * 1e3:.3f} vs {mean_off * 1e3:.3f} ms ({(mean_on - mean_off) * 1e6:+.1f} us)")
+          f"{mean_on * 1e3:.3f} vs {mean_off * 1e3:.3f} ms ({more:+.1f} us, 90% interval "
+          f"{more - spread * 1e6:+.1f} to {more + spread * 1e6:+.1f} us)")
 
 
 def step_costs(width: int) -> None:
