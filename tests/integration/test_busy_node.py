@@ -55,7 +55,9 @@ def test_a_rank_starved_of_cpu_is_busy_not_hung(watch: Any, tmp_path: Path) -> N
                 os.kill(int(hog_pid.read_text()), signal.SIGKILL)
     assert run.returncode == 0, run.output  # --on-hang kill did not end it
     assert run.incident is None
-    (notice,) = stored(tmp_path)
+    found = stored(tmp_path)
+    assert len(found) == 1, run.output  # a loaded CI run once stored none: say what run said
+    (notice,) = found
     assert (notice["kind"], notice["culprit_ranks"]) == ("RANK_BUSY", [1])
     assert "runnable, waiting for a CPU" in notice["summary"]
     assert "ended_at" in notice  # it moved on once its core was free
