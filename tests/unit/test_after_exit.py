@@ -83,3 +83,29 @@ def test_the_launcher_gets_the_floor_whatever_a_short_stall_timeout_says() -> No
     job.observe(T0 + 3.0)
     assert after_exit(job, EXIT, T0 + 9.0) is AfterExit.NOT_YET
     assert isinstance(after_exit(job, EXIT, T0 + 15.0), StillHung)
+
+
+def test_the_launcher_s_time_runs_from_the_process_s_end_not_its_sys_exit() -> None:
+    """The hook times rank 2's exit at sys.exit (T0 + 5); its exit handlers took 6 s more, and
+    the first report that showed the process gone came at T0 + 11: its launcher could act only
+    then, and gets its floor from there."""
+    job = view(*WAITING)
+    job.update("node-1", rank(2, done(56, 2.0)), received=T0 + 10.0)
+    job.update("node-1", LEFT, received=T0 + 11.0)
+    job.update("node-1", LEFT, received=T0 + 12.0)  # a later report does not move it
+    job.observe(T0 + 3.0)
+    assert job.gone_at(2) == T0 + 11.0 and job.ranks[2].exited_at == T0 + 5.0
+    assert after_exit(job, EXIT, T0 + 20.0) is AfterExit.NOT_YET
+    found = after_exit(job, EXIT, T0 + 21.0)
+    assert isinstance(found, StillHung) and found.waited == 10.0
+
+
+def test_a_rank_alive_again_after_a_restart_is_no_longer_gone() -> None:
+    job = view(*WAITING)
+    job.update("node-1", LEFT, received=T0 + 6.0)
+    assert job.gone_at(2) == T0 + 6.0
+    job.update("node-1", rank(2, done(1, 30.0)), received=T0 + 30.0)
+    assert job.gone_at(2) is None
+    job.update("node-1", exited(rank(2, done(1, 30.0)), at=40.0, code=1, clean=True),
+               received=T0 + 41.0)
+    assert job.gone_at(2) == T0 + 41.0

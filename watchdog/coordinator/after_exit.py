@@ -5,10 +5,11 @@ An exit is the launcher's to handle: torchrun stops the other workers itself and
 fails the job, so nothing ends a job because a rank exited (a RANK_EXITED incident). What is
 left hung is another matter: a rank that exits 0 early while its peers wait for it forever
 (torchrun waits for every worker). The job is still hung when, the job's evidence threshold
-after the exit (the warm-up aside; never less than the floor, the launcher's time to act), its
-live ranks all wait (in a collective or a set-up call, by their hooks), the job made no
-progress for that long, and no other rank ended except by finishing cleanly (a rank the
-launcher ended, or a peer that failed, which the launcher then handles).
+after the exit (the warm-up aside; never less than the floor, the launcher's time to act; from
+when the process was known gone, after its exit handlers), its live ranks all wait (in a
+collective or a set-up call, by their hooks), the job made no progress for that long, and no
+other rank ended except by finishing cleanly (a rank the launcher ended, or a peer that failed,
+which the launcher then handles).
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ def after_exit(job: JobView, exit_incident: Incident,
                now: float) -> StillHung | AfterExit:
     """Whether `job`, whose ranks' exit `exit_incident` told, is still hung as of `now`."""
     culprits = exit_incident["culprit_ranks"]
-    exited_at = min((state.exited_at for r in culprits
-                     if (state := job.ranks.get(r)) is not None and state.exited_at is not None),
-                    default=None)
+    # Timed from the process's end, not the hook's sys.exit: the launcher acts only after it.
+    exited_at = min((at for r in culprits if (at := job.gone_at(r)) is not None), default=None)
     if exited_at is None or job.live == 0 or _others_ended(job, culprits):
         return AfterExit.NEVER
     # The launcher gets the floor at least, whatever --stall-timeout says: on a loaded node

@@ -85,6 +85,7 @@ class JobView:
         # when it was last looked at.
         self._phase_gap = False
         self._phase_looked = 0.0
+        self._gone_at: dict[int, float] = {}  # rank -> when a report first showed it exited
 
     def update(self, node: str, state: RankState, received: float | None = None) -> None:
         """Take a rank's state from a report that arrived at `received` (None: unknown). A
@@ -96,6 +97,7 @@ class JobView:
                 self.duplicates.setdefault(state.rank, set()).add((state.host, state.pid))
             return
         self.duplicates.pop(state.rank, None)
+        self._note_gone(previous, state, received)
         fresh = state.rank not in self._parts
         moved = self._count(state)
         self.world_size = max(self.world_size, state.world_size)
@@ -118,6 +120,23 @@ class JobView:
             else:
                 self._paces.pop(state.rank, None)
             self._pace = None
+
+    def _note_gone(self, previous: RankState | None, state: RankState,
+                   received: float | None) -> None:
+        if state.exited_at is None:
+            self._gone_at.pop(state.rank, None)  # a launcher's restart reuses the rank
+        elif previous is None or previous.alive:
+            self._gone_at[state.rank] = (state.exited_at if received is None
+                                         else max(state.exited_at, received))
+
+    def gone_at(self, rank: int) -> float | None:
+        """When the rank's process was known gone: the first report that showed it exited,
+        else its exit time. The hook times an exit at sys.exit, before exit handlers that may
+        take seconds; its launcher sees the exit only once the process is gone."""
+        state = self.ranks.get(rank)
+        if state is None or state.exited_at is None:
+            return None
+        return self._gone_at.get(rank, state.exited_at)
 
     @property
     def hook_p99(self) -> float | None:
