@@ -25,6 +25,7 @@ from watchdog.beacon import (
 )
 from watchdog.cli.demo import free_port
 from watchdog.hook.checks import FIRST_CHECK
+from watchdog.hook.lifecycle import EXIT_GRACE_S, EXITING
 from watchdog.supervise.inject import BOOT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,6 +162,31 @@ def test_the_code_sys_exit_asks_for_reaches_the_beacon(tmp_path: Path, leave: st
                      hooked_env(tmp_path, RANK="0", WORLD_SIZE="1"))
     (snap,) = beacons(tmp_path).values()
     assert (snap.exit_state, snap.exit_code) == (EXIT_CLEAN, run.returncode), run.stderr
+
+
+@pytest.mark.parametrize("leave", ["raise KeyError('boom')", "sys.exit(3)"])
+def test_a_leaving_rank_is_exiting_from_its_exit_until_its_teardown_is_done(
+        tmp_path: Path, leave: str) -> None:
+    """Its peers wait while its exit handlers run (a logger's upload: 0.3 s here) and the
+    interpreter tears down after the hook's own, the last: a phase from the exit, armed afresh
+    at the hook's handler."""
+    code = ("import atexit, glob, os, sys, time, watchdog\n"
+            "from watchdog.beacon import open_beacon, read_beacon\n"
+            "def upload():\n"
+            "    (path,) = glob.glob(os.environ['WATCHDOG_BEACON_DIR'] + '/*/*.beacon')\n"
+            "    snap = read_beacon(open_beacon(path))\n"
+            "    print(snap.phase, repr(snap.phase_started), repr(LEFT_AT))\n"
+            "    time.sleep(0.3)\n"
+            "atexit.register(upload)\n"
+            "watchdog.step()\n"
+            f"LEFT_AT = time.time()\n{leave}")
+    run = run_python(code, hooked_env(tmp_path, RANK="0", WORLD_SIZE="2"))
+    phase, started, left_at = run.stdout.split()
+    assert phase == EXITING, run.stderr
+    assert float(left_at) <= float(started) < float(left_at) + 0.3
+    (snap,) = beacons(tmp_path).values()
+    assert (snap.phase, snap.phase_timeout) == (EXITING, EXIT_GRACE_S)
+    assert snap.phase_started >= float(started) + 0.3  # after the upload: the teardown's own
 
 
 def test_sys_exit_in_another_thread_ends_only_that_thread(tmp_path: Path) -> None:

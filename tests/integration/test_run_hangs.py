@@ -109,6 +109,20 @@ def test_rank_leaves_early_with_its_exit_code(watch, exit_code: int, exit_second
             "1 incident (1 exit)") in run.output.rstrip().splitlines()[-1], run.output
 
 
+def test_a_rank_that_raises_and_leaves_slowly_is_left_to_the_launcher(watch) -> None:
+    """Rank 2 raises, and its exit handlers (a logger's last upload, say) take twice the stall
+    threshold while its peers wait: it is leaving, not hung. torchrun ends the job once it is
+    gone; the watchdog, under --on-hang kill, ends nothing."""
+    run = watch("--fault", "crash", "--fault-rank", "2", "--fault-step", "3",
+                "--exit-seconds", "6")
+    assert run.returncode not in (0, EXIT_HANG_KILLED), run.output
+    assert run.incident is not None, run.output
+    assert (run.incident["kind"], run.incident["culprit_ranks"]) == ("RANK_EXITED", [2])
+    assert run.incident["summary"].startswith("rank 2 raised RuntimeError: shard 7 is corrupt")
+    assert "watchdog: ending" not in run.output
+    assert "the watchdog ended nothing; 1 incident (1 exit)" in run.output, run.output
+
+
 def test_subgroup_collective_one_member_never_reaches(watch) -> None:
     run = watch("--fault", "subgroup", "--fault-step", "3")
     assert run.returncode == EXIT_HANG_KILLED, run.output

@@ -232,7 +232,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--exit-code", type=int, default=0, help="what early_exit exits with")
     parser.add_argument("--exit-seconds", type=float, default=0.0,
-                        help="how long early_exit's exit takes after sys.exit (a slow teardown)")
+                        help="how long early_exit's or crash's exit handlers take")
     parser.add_argument("--fault-seconds", type=float, default=30.0,
                         help="how long evaluate_all, slow_read and --checkpoint-at take")
     parser.add_argument("--checkpoint-at", type=int, default=-1, metavar="STEP",
@@ -279,6 +279,7 @@ def inject(args: argparse.Namespace, rank: int, model: torch.nn.Module,
         atexit.register(time.sleep, args.exit_seconds)  # runs before the hook's: LIFO
         sys.exit(args.exit_code)
     elif fault == "crash":
+        atexit.register(time.sleep, args.exit_seconds)
         read_shard(7)
     elif fault == "killed":
         announce("killed")

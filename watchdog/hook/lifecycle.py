@@ -42,9 +42,10 @@ PUBLISH_INTERVAL = 0.2  # seconds: the agent reads beacons once a second by defa
 READS_PER_PUBLISH = 4
 PUBLISHER_THREAD = "torch-hang-watchdog-publisher"
 SHUTDOWN_WAIT = 1.0  # seconds an exiting rank waits for a publish in progress
-# The phase of a rank from its sys.exit until it is gone: its exit handlers (torch's, the
-# user's) may take seconds, in which the rank makes no progress and its peers wait for it, yet
-# it is leaving, which is the launcher's to handle, not hung (one took 5 s on a loaded machine).
+# The phase of a rank from its sys.exit or uncaught exception until it is gone: its exit
+# handlers (torch's, the user's) may take seconds, in which the rank makes no progress and its
+# peers wait for it, yet it is leaving, which is the launcher's to handle, not hung (one took
+# 5 s on a loaded machine). The hook's own handler, the last, starts it afresh for the teardown.
 EXITING = "exiting"
 EXIT_GRACE_S = 10.0
 
@@ -165,6 +166,7 @@ def _marking_excepthook(recorder: Recorder, previous: ExceptHook) -> ExceptHook:
                    traceback: TracebackType | None) -> Any:
         with contextlib.suppress(Exception):
             recorder.note_exit(1)
+            _leaving(recorder, recorder.exit_at)
             recorder.mark_exit(EXIT_EXCEPTION, 1, describe(error))
         return previous(kind, error, traceback)
 
@@ -184,7 +186,7 @@ def _noting_exit(recorder: Recorder, original: SysExit) -> SysExit:
             if threading.current_thread() is threading.main_thread():
                 code = _exit_code(status)
                 recorder.note_exit(code)
-                recorder.set_phase((EXITING, recorder.exit_at, EXIT_GRACE_S))
+                _leaving(recorder, recorder.exit_at)
                 handling = sys.exc_info()[1]
                 if code != 0 and handling is not None:
                     recorder.mark_exit(EXIT_EXCEPTION, code, describe(handling))
@@ -225,7 +227,16 @@ def _shut_down(recorder: Recorder, publisher: threading.Thread, stop: threading.
     stop.set()
     if publisher.is_alive():
         publisher.join(SHUTDOWN_WAIT)
+    # The last exit handler: the interpreter's teardown follows (seconds on a loaded node),
+    # with no heartbeat. Reaching here is the exit's progress, so its grace starts afresh.
+    _leaving(recorder, time.time())
     recorder.mark_shutdown()
+
+
+def _leaving(recorder: Recorder, since: float) -> None:
+    """The rank is on its way out (sys.exit, an uncaught exception, its last exit handler):
+    in the phase EXITING, as its exit is the launcher's to handle, for EXIT_GRACE_S."""
+    recorder.set_phase((EXITING, since, EXIT_GRACE_S))
 
 
 def step() -> None:
