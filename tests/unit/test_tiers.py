@@ -12,6 +12,7 @@ import pytest
 
 import watchdog
 from tests.helpers.builders import (
+    BARRIER,
     DATA_STALL,
     DDP_BACKWARD,
     SITE,
@@ -145,3 +146,22 @@ def test_the_watchdogs_own_wrapper_is_never_the_top_of_a_stack() -> None:
     gather = Frame("all_gather_single", f"{SITE}/torch/distributed/distributed_c10d.py", 4386)
     groups = stack_groups({0: RankStack(0, 1, (wait, gather, Frame("forward", TRAIN, 20)))})
     assert groups == [{"ranks": [0], "top": "all_gather_single (distributed_c10d.py:4386)"}]
+
+
+@pytest.mark.parametrize(("activity", "expected"), [(WRITING, Kind.RANK_BUSY),
+                                                    (IDLE, Kind.RANK_STALLED)])
+def test_no_rule_names_the_writer_whose_stack_is_in_the_barrier_before_its_hook_says_so(
+        activity: Activity, expected: Kind) -> None:
+    """Rank 0 wrote a checkpoint while its peers waited in barrier #43, and entered it just
+    before the look: its stack is in the barrier, its hook not yet. No rule names a culprit;
+    a rank that was writing all the while says the job works (a CI run killed this healthy
+    job), one that shows nothing leaves the stall unexplained, a hang."""
+    job = snapshot(rank(0, done(42, 2.0), activity=activity),
+                   *(rank(r, entered(43, 3.0, op="barrier"), activity=IDLE) for r in (1, 2, 3)),
+                   stacks={r: BARRIER for r in range(4)})
+    verdict = decide(dataclasses.replace(job, stalled_for=11.0, busy_timeout=600.0))
+    assert verdict is not None and verdict.kind is expected
+    if expected is Kind.RANK_BUSY:
+        assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((0,), (1, 2, 3))
+        assert verdict.summary.startswith("rank 0 busy in save_checkpoint at train.py:58 for "
+                                          "11 s, writing 41.0 MB/s")

@@ -77,17 +77,20 @@ def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
     working = busy or {r: seen.progress for r, seen in job.alive.items() if seen.progress}
     held = [r for r in hang.culprit_ranks
             if working and r not in busy and r in job.alive and job.alive[r].lock_wait]
-    if not busy and not held:
+    # A stall that names no culprit is no hang while a rank works: a checkpoint's writer whose
+    # stack entered the barrier its peers wait in before its hook said so, for one.
+    if not busy and not held and (hang.culprit_ranks or not working):
         return hang
     busy = busy or working
+    waiting = tuple(r for r in hang.waiting_ranks if r not in busy)
     stalled_for = job.snapshot.stalled_for
     if stalled_for >= job.snapshot.busy_timeout:
         first = next(iter(busy))
         return replace(hang, summary=f"{hang.summary}; {ranks_text(busy)} kept working "
                                      f"({busy[first]}) for {stalled_for:.0f} s, past the busy "
                                      "timeout")
-    if not hang.waiting_ranks and all(r in busy or r in held or seen.progress
-                                      for r, seen in job.alive.items()):
+    if not waiting and all(r in busy or r in held or seen.progress
+                           for r, seen in job.alive.items()):
         return None
     summary = _busy_text(job, busy)
     if held:
@@ -95,9 +98,9 @@ def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
     idle = [r for r in hang.culprit_ranks if r not in busy and r not in held]
     if idle:
         summary += f"; {ranks_text(idle)} made no progress outside any collective"
-    if hang.waiting_ranks:
-        summary += f"; {waiters_text(job, hang.waiting_ranks)}"
-    return Verdict(Kind.RANK_BUSY, summary, tuple(busy), hang.waiting_ranks, hang.collective)
+    if waiting:
+        summary += f"; {waiters_text(job, waiting)}"
+    return Verdict(Kind.RANK_BUSY, summary, tuple(busy), waiting, hang.collective)
 
 
 def _busy_text(job: StallView, busy: Mapping[int, str]) -> str:

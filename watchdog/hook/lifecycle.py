@@ -228,8 +228,11 @@ def _shut_down(recorder: Recorder, publisher: threading.Thread, stop: threading.
     if publisher.is_alive():
         publisher.join(SHUTDOWN_WAIT)
     # The last exit handler: the interpreter's teardown follows (seconds on a loaded node),
-    # with no heartbeat. Reaching here is the exit's progress, so its grace starts afresh.
-    _leaving(recorder, time.time())
+    # with no heartbeat. Reaching here is the exit's progress, so its grace starts afresh,
+    # unless a phase declared for the exit lasts longer (destroy_process_group's).
+    now = time.time()
+    if recorder.phase_ends < now + EXIT_GRACE_S:
+        _leaving(recorder, now)
     recorder.mark_shutdown()
 
 

@@ -347,6 +347,12 @@ class Recorder:
             self.fail(e)
         return previous
 
+    @property
+    def phase_ends(self) -> float:
+        """When the current phase's time runs out (its start for none, or for one with none)."""
+        _name, started, timeout = self._phase
+        return started + timeout
+
     def set_setup(self, setup: Setup = NO_SETUP) -> None:
         """Declare the process-group set-up call this rank waits in (NO_SETUP: none now)."""
         if self.enabled and self.writer is not None:
