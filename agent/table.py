@@ -87,6 +87,10 @@ class WorkerTable:
         return None
 
     def _update(self, worker: Worker, now: float) -> None:
+        self._read(worker)
+        self._check_exit(worker, now)
+
+    def _read(self, worker: Worker) -> None:
         if worker.fd is not None:
             try:
                 worker.snapshot = beaconfiles.read(worker.fd)
@@ -97,7 +101,6 @@ class WorkerTable:
                     log.warning("rank %d of %s: %s", worker.identity.rank,
                                 printable(worker.identity.job_id), str(e).split("\n")[0])
                 worker.unreadable = True
-        self._check_exit(worker, now)
 
     def _scan_proc(self, now: float) -> None:
         known = {w.identity.pid for w in self._by_path.values()} | self._unhooked.keys()
@@ -108,4 +111,7 @@ class WorkerTable:
 
     def _check_exit(self, worker: Worker, now: float) -> None:
         if worker.alive and not worker.still_running(self._proc):
+            # Its hook's last publish (a clean exit, its code) may have come after this pass
+            # read the beacon: read once more, now that nothing writes it.
+            self._read(worker)
             worker.note_exit(now, self.exits)

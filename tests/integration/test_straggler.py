@@ -69,7 +69,7 @@ def test_jitter_on_every_rank_and_rank_0s_periodic_work_are_no_straggler(
 def _named_once(run: Any, tmp_path: Path, where: str) -> None:
     """Rank 2, slow on its data all along, is named once, with where and its cost."""
     assert run.returncode == 0, run.output
-    assert run.incident is None
+    assert run.incident is None, run.output
     (notice,) = _notices(tmp_path)
     assert (notice["culprit_ranks"], notice["waiting_ranks"]) == ([2], [0, 1, 3]), notice
     assert abs(_lost(notice) - SLOW_S) <= 0.25 * SLOW_S, notice["summary"]

@@ -6,16 +6,25 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from agent import exits
+from agent import beaconfiles, exits
 from agent.rankstate import rank_state
 from agent.table import WorkerTable
 from agent.worker import FINGERPRINT_REPORTS, Worker
-from watchdog.beacon import BeaconWriter, CheckState, Fingerprint, Identity, beacon_path
+from watchdog.beacon import (
+    BeaconSnapshot,
+    BeaconWriter,
+    CheckState,
+    Fingerprint,
+    Identity,
+    beacon_path,
+)
 from watchdog.beacon.layout import OFF_IDENTITY
 from watchdog.model import NO_ACTIVITY, Activity
 
@@ -121,3 +130,40 @@ def test_a_scan_after_the_exits_are_closed_reads_none_and_says_nothing(
     with caplog.at_level(logging.WARNING):
         table.refresh(time.time())
     assert caplog.records == []
+
+
+def test_an_exit_is_noted_with_the_hooks_last_publish_that_came_after_the_pass_read_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's hook publishes its clean exit, and the process ends, between a pass's read of
+    its beacon and that pass's look at the process: the exit goes out as the hook recorded it,
+    not with the stale read (clean_exit false: a CI run blamed a rank that finished cleanly
+    at the end of a healthy job, RANK_EXITED)."""
+    env = {**os.environ, "WATCHDOG_BEACON_DIR": str(tmp_path), "WATCHDOG_JOB_ID": "job",
+           "RANK": "0", "WORLD_SIZE": "2", "PYTHONPATH": str(Path(__file__).parents[2])}
+    env.pop("WATCHDOG_AUTOINSTALL", None)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, watchdog; watchdog.install(); watchdog.step(); "
+         "print(flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        child.stdout.readline()  # installed
+        table = WorkerTable(str(tmp_path), scan_unhooked=False)
+        table.refresh(time.time())
+        (worker,) = table.workers()
+        read = beaconfiles.read
+
+        def read_then_exit(fd: int) -> BeaconSnapshot:
+            snap = read(fd)
+            if child.poll() is None:
+                child.stdin.close()  # type: ignore[union-attr]
+                child.wait(timeout=30)
+            return snap
+
+        monkeypatch.setattr(beaconfiles, "read", read_then_exit)
+        table.refresh(time.time())
+    finally:
+        child.kill()
+        child.wait()
+    state = rank_state(worker, time.time())
+    assert (state.alive, state.clean_exit, state.exit_code, state.steps) == (False, True, 0, 1)
