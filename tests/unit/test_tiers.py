@@ -165,3 +165,32 @@ def test_no_rule_names_the_writer_whose_stack_is_in_the_barrier_before_its_hook_
         assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((0,), (1, 2, 3))
         assert verdict.summary.startswith("rank 0 busy in save_checkpoint at train.py:58 for "
                                           "11 s, writing 41.0 MB/s")
+    else:
+        assert verdict.culprit_ranks == () and verdict.waiting_ranks == (0, 1, 2, 3)
+
+
+def test_past_the_busy_timeout_a_stall_no_rule_explains_names_who_kept_working() -> None:
+    job = snapshot(rank(0, done(42, 2.0), activity=WRITING),
+                   *(rank(r, entered(43, 3.0, op="barrier"), activity=IDLE) for r in (1, 2, 3)),
+                   stacks={r: BARRIER for r in range(4)})
+    verdict = decide(dataclasses.replace(job, stalled_for=601.0, busy_timeout=600.0))
+    assert verdict is not None and verdict.kind is Kind.RANK_STALLED
+    assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((0,), (1, 2, 3))
+    assert verdict.summary.startswith(
+        "the job made no progress for 601 s; no rule names a culprit, and rank 0 works while "
+        "the others wait; ranks 1-3 wait in barrier #43")
+    assert verdict.summary.endswith(
+        "; rank 0 kept working (writing 41.0 MB/s) for 601 s, past the busy timeout")
+
+
+def test_a_node_that_stopped_reporting_is_named_whatever_its_ranks_last_showed() -> None:
+    """Ranks 2,3 of node-b last showed work, and then their agent went: their state is unknown,
+    so the node is named, not them (what they showed is stale)."""
+    job = snapshot(*(rank(r, entered(57, 3.0), activity=IDLE) for r in (0, 1)),
+                   *(rank(r, done(56, 2.0), activity=WRITING) for r in (2, 3)),
+                   stacks={0: DDP_BACKWARD, 1: DDP_BACKWARD})
+    job = dataclasses.replace(job, unreachable_nodes=("node-b",), busy_timeout=600.0,
+                              rank_nodes={0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"})
+    verdict = decide(job)
+    assert verdict is not None and verdict.kind is Kind.NODE_UNREACHABLE
+

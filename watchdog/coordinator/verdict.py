@@ -77,20 +77,17 @@ def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
     working = busy or {r: seen.progress for r, seen in job.alive.items() if seen.progress}
     held = [r for r in hang.culprit_ranks
             if working and r not in busy and r in job.alive and job.alive[r].lock_wait]
-    # A stall that names no culprit is no hang while a rank works: a checkpoint's writer whose
-    # stack entered the barrier its peers wait in before its hook said so, for one.
-    if not busy and not held and (hang.culprit_ranks or not working):
+    if not busy and not held:
         return hang
     busy = busy or working
-    waiting = tuple(r for r in hang.waiting_ranks if r not in busy)
     stalled_for = job.snapshot.stalled_for
     if stalled_for >= job.snapshot.busy_timeout:
         first = next(iter(busy))
         return replace(hang, summary=f"{hang.summary}; {ranks_text(busy)} kept working "
                                      f"({busy[first]}) for {stalled_for:.0f} s, past the busy "
                                      "timeout")
-    if not waiting and all(r in busy or r in held or seen.progress
-                           for r, seen in job.alive.items()):
+    if not hang.waiting_ranks and all(r in busy or r in held or seen.progress
+                                      for r, seen in job.alive.items()):
         return None
     summary = _busy_text(job, busy)
     if held:
@@ -98,9 +95,9 @@ def _tiered(job: StallView, hang: Verdict) -> Verdict | None:
     idle = [r for r in hang.culprit_ranks if r not in busy and r not in held]
     if idle:
         summary += f"; {ranks_text(idle)} made no progress outside any collective"
-    if waiting:
-        summary += f"; {waiters_text(job, waiting)}"
-    return Verdict(Kind.RANK_BUSY, summary, tuple(busy), waiting, hang.collective)
+    if hang.waiting_ranks:
+        summary += f"; {waiters_text(job, hang.waiting_ranks)}"
+    return Verdict(Kind.RANK_BUSY, summary, tuple(busy), hang.waiting_ranks, hang.collective)
 
 
 def _busy_text(job: StallView, busy: Mapping[int, str]) -> str:
@@ -117,9 +114,16 @@ def _busy_text(job: StallView, busy: Mapping[int, str]) -> str:
 
 
 def _unexplained(job: StallView) -> Verdict:
-    """A stall no rule explains is still reported, with what is known: silence is no verdict."""
-    waiters = job.waiters()
-    summary = (f"no rank made progress for {job.snapshot.stalled_for:.0f} s and the evidence "
+    """A stall no rule explains is still reported, with what is known: silence is no verdict.
+    Ranks that show progress are its culprits, which the tier makes busy, not hung: a
+    checkpoint's writer whose stack entered the barrier its peers wait in before its hook said
+    so matches no rule (a loaded CI run killed that healthy job)."""
+    working = tuple(r for r, seen in job.alive.items() if seen.progress)
+    waiters = job.waiters(excluding=working)
+    stalled = f"the job made no progress for {job.snapshot.stalled_for:.0f} s"
+    summary = (f"{stalled}; no rule names a culprit, and {ranks_text(working)} "
+               f"{verb(working, 'works')} while the others wait" if working else
+               f"no rank made progress for {job.snapshot.stalled_for:.0f} s and the evidence "
                "names no culprit")
     return Verdict(Kind.RANK_STALLED, summary + (f"; {waiters_text(job, waiters)}"
-                                                 if waiters else ""), (), waiters)
+                                                 if waiters else ""), working, waiters)

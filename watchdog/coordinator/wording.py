@@ -72,5 +72,5 @@ def stack_place_text(job: StallView, rank: int) -> str:
 
 
 def verb(ranks: Sequence[int], singular: str) -> str:
-    plural = {"waits": "wait", "is": "are"}[singular]
+    plural = {"waits": "wait", "is": "are", "works": "work"}[singular]
     return singular if len(ranks) == 1 else plural
