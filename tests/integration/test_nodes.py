@@ -141,7 +141,10 @@ def test_with_default_settings_a_straggler_on_the_other_node_is_named_with_its_h
 
 
 def test_agent_killed_and_restarted_raises_no_false_incident(cluster: Cluster) -> None:
-    cluster.start_job("--steps", "120")
+    # The job trains on across the agent's restart: with 120 steps a loaded CI run's job ended
+    # before the new agent began, and ranks that ended unseen are another case (see the note
+    # in docs/design.md, beside node silence: "Not handled").
+    cluster.start_job("--steps", "300")
     cluster.wait_for(lambda j: min(r["step"] for r in j["ranks"]) >= 5)
     cluster.agents["node-b"].kill()
     time.sleep(2)
