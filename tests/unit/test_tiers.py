@@ -148,6 +148,15 @@ def test_the_watchdogs_own_wrapper_is_never_the_top_of_a_stack() -> None:
     assert groups == [{"ranks": [0], "top": "all_gather_single (distributed_c10d.py:4386)"}]
 
 
+def writer_in_barrier(activity: Activity, stalled_for: float) -> JobSnapshot:
+    """Rank 0, after writing a checkpoint, in the barrier #43 its peers wait in: by its stack,
+    not yet by its hook."""
+    job = snapshot(rank(0, done(42, 2.0), activity=activity),
+                   *(rank(r, entered(43, 3.0, op="barrier"), activity=IDLE) for r in (1, 2, 3)),
+                   stacks={r: BARRIER for r in range(4)})
+    return dataclasses.replace(job, stalled_for=stalled_for, busy_timeout=600.0)
+
+
 @pytest.mark.parametrize(("activity", "expected"), [(WRITING, Kind.RANK_BUSY),
                                                     (IDLE, Kind.RANK_STALLED)])
 def test_no_rule_names_the_writer_whose_stack_is_in_the_barrier_before_its_hook_says_so(
@@ -156,10 +165,7 @@ def test_no_rule_names_the_writer_whose_stack_is_in_the_barrier_before_its_hook_
     before the look: its stack is in the barrier, its hook not yet. No rule names a culprit;
     a rank that was writing all the while says the job works (a CI run killed this healthy
     job), one that shows nothing leaves the stall unexplained, a hang."""
-    job = snapshot(rank(0, done(42, 2.0), activity=activity),
-                   *(rank(r, entered(43, 3.0, op="barrier"), activity=IDLE) for r in (1, 2, 3)),
-                   stacks={r: BARRIER for r in range(4)})
-    verdict = decide(dataclasses.replace(job, stalled_for=11.0, busy_timeout=600.0))
+    verdict = decide(writer_in_barrier(activity, stalled_for=11.0))
     assert verdict is not None and verdict.kind is expected
     if expected is Kind.RANK_BUSY:
         assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((0,), (1, 2, 3))
@@ -170,10 +176,7 @@ def test_no_rule_names_the_writer_whose_stack_is_in_the_barrier_before_its_hook_
 
 
 def test_past_the_busy_timeout_a_stall_no_rule_explains_names_who_kept_working() -> None:
-    job = snapshot(rank(0, done(42, 2.0), activity=WRITING),
-                   *(rank(r, entered(43, 3.0, op="barrier"), activity=IDLE) for r in (1, 2, 3)),
-                   stacks={r: BARRIER for r in range(4)})
-    verdict = decide(dataclasses.replace(job, stalled_for=601.0, busy_timeout=600.0))
+    verdict = decide(writer_in_barrier(WRITING, stalled_for=601.0))
     assert verdict is not None and verdict.kind is Kind.RANK_STALLED
     assert (verdict.culprit_ranks, verdict.waiting_ranks) == ((0,), (1, 2, 3))
     assert verdict.summary.startswith(
@@ -193,4 +196,3 @@ def test_a_node_that_stopped_reporting_is_named_whatever_its_ranks_last_showed()
                               rank_nodes={0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"})
     verdict = decide(job)
     assert verdict is not None and verdict.kind is Kind.NODE_UNREACHABLE
-

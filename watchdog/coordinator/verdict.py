@@ -120,10 +120,10 @@ def _unexplained(job: StallView) -> Verdict:
     so matches no rule (a loaded CI run killed that healthy job)."""
     working = tuple(r for r, seen in job.alive.items() if seen.progress)
     waiters = job.waiters(excluding=working)
-    stalled = f"the job made no progress for {job.snapshot.stalled_for:.0f} s"
-    summary = (f"{stalled}; no rule names a culprit, and {ranks_text(working)} "
-               f"{verb(working, 'works')} while the others wait" if working else
-               f"no rank made progress for {job.snapshot.stalled_for:.0f} s and the evidence "
-               "names no culprit")
+    stalled_for = job.snapshot.stalled_for
+    summary = (f"the job made no progress for {stalled_for:.0f} s; no rule names a culprit, and "
+               f"{ranks_text(working)} {verb(working, 'works')} while the others wait"
+               if working else
+               f"no rank made progress for {stalled_for:.0f} s and the evidence names no culprit")
     return Verdict(Kind.RANK_STALLED, summary + (f"; {waiters_text(job, waiters)}"
                                                  if waiters else ""), working, waiters)
